@@ -1,0 +1,1 @@
+"""deltaq's HTTP API (FastAPI): routes translate HTTP <-> queue_engine calls, nothing more."""

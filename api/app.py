@@ -1,0 +1,59 @@
+"""The FastAPI application: routes, nsqd-style errors, and the broker's lifetime."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+
+from api import admin, info, publish
+from api.responses import error, from_queue_error
+from queue_engine import __version__
+from queue_engine.broker import Broker
+from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.settings import Settings
+
+DESCRIPTION = """\
+deltaq: NSQ's HTTP API over Delta Lake. Every published message is appended to its topic's
+Delta table; `OK` is sent after the commit. Errors are nsqd's: `{"message": "CODE"}`.
+"""
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """The API for one warehouse; the broker starts and stops with the app's lifespan."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        broker = Broker(settings)
+        await broker.start()
+        app.state.broker = broker
+        try:
+            yield
+        finally:
+            await broker.close()
+
+    app = FastAPI(title="deltaq", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    app.include_router(publish.router)
+    app.include_router(admin.router)
+    app.include_router(info.router)
+
+    @app.exception_handler(QueueError)
+    async def queue_error(_: Request, exc: QueueError) -> Response:
+        return from_queue_error(exc)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> Response:
+        if exc.status_code == 405:
+            return error(ErrorCode.METHOD_NOT_ALLOWED, dict(exc.headers or {}))
+        if exc.status_code == 404:
+            return error(ErrorCode.NOT_FOUND)
+        return error(ErrorCode.INVALID_REQUEST)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, __: RequestValidationError) -> Response:
+        return error(ErrorCode.INVALID_REQUEST)
+
+    return app

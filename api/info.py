@@ -1,0 +1,155 @@
+"""GET /ping, /info and /stats, as nsqd serves them."""
+
+from __future__ import annotations
+
+import gc
+import socket
+import time
+from typing import Annotated, Any
+
+import psutil
+from fastapi import APIRouter, Query, Request, Response
+
+from api.responses import TEXT_TYPE, ok_json
+from api.state import broker_of
+from queue_engine import __version__
+from queue_engine.broker import TopicStats
+
+router = APIRouter(tags=["info"])
+
+# The nsqd HTTP API level deltaq implements; clients compare it, so it is nsqd's numbering.
+NSQD_API_VERSION = "1.3.0"
+_BOOL = {"true": True, "1": True, "false": False, "0": False}
+
+
+@router.get("/ping", summary="Liveness: OK", response_class=Response,
+            responses={200: {"content": {"text/plain": {"example": "OK"}}}})
+async def ping() -> Response:
+    return Response("OK", media_type=TEXT_TYPE)
+
+
+@router.get("/info", summary="Version and addresses, nsqd's shape", response_class=Response)
+async def info(request: Request) -> Response:
+    broker = broker_of(request)
+    return ok_json(
+        {
+            "version": NSQD_API_VERSION,
+            "deltaq_version": __version__,
+            "broadcast_address": socket.gethostname(),
+            "hostname": socket.gethostname(),
+            "http_port": broker.settings.port,
+            # deltaq speaks HTTP only; there is no nsqd TCP protocol port.
+            "tcp_port": 0,
+            "start_time": int(broker.started_at),
+            "warehouse": broker.settings.warehouse,
+            "ack": str(broker.settings.ack),
+        }
+    )
+
+
+def _e2e() -> dict[str, Any]:
+    return {"count": 0, "percentiles": None}
+
+
+def _topic_json(t: TopicStats) -> dict[str, Any]:
+    return {
+        "topic_name": t.name,
+        "channels": [
+            {
+                "channel_name": c.name,
+                "depth": c.depth,
+                "backend_depth": c.depth,
+                "in_flight_count": c.in_flight_count,
+                "deferred_count": c.deferred_count,
+                "message_count": c.message_count,
+                "requeue_count": c.requeue_count,
+                "timeout_count": c.timeout_count,
+                "client_count": c.client_count,
+                "clients": [],
+                "paused": c.paused,
+                "e2e_processing_latency": _e2e(),
+            }
+            for c in t.channels
+        ],
+        "depth": t.depth,
+        # Every message waiting in deltaq is on disk, so depth and backend depth coincide.
+        "backend_depth": t.depth,
+        "message_count": t.message_count,
+        "message_bytes": t.message_bytes,
+        "paused": t.paused,
+        "e2e_processing_latency": _e2e(),
+        "delta_version": t.version,
+        "delta_commits": t.commits,
+    }
+
+
+def _memory() -> dict[str, int]:
+    rss = psutil.Process().memory_info().rss
+    return {
+        "heap_objects": 0,
+        "heap_idle_bytes": 0,
+        "heap_in_use_bytes": rss,
+        "heap_released_bytes": 0,
+        "gc_pause_usec_100": 0,
+        "gc_pause_usec_99": 0,
+        "gc_pause_usec_95": 0,
+        "next_gc_bytes": 0,
+        "gc_total_runs": sum(s["collections"] for s in gc.get_stats()),
+    }
+
+
+def _text(stats: list[TopicStats], started_at: float) -> str:
+    uptime = int(time.time() - started_at)
+    lines = [
+        f"deltaq v{__version__} (nsqd HTTP API {NSQD_API_VERSION})",
+        f"start_time {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(started_at))}",
+        f"uptime {uptime}s",
+        "",
+        "Health: OK",
+        "",
+    ]
+    if not stats:
+        lines.append("Topics: None")
+    else:
+        lines.append("Topics:")
+    for t in stats:
+        prefix = "*P " if t.paused else "   "
+        lines.append(
+            f"{prefix}[{t.name:<15}] depth: {t.depth:<5} be-depth: {t.depth:<5} "
+            f"msgs: {t.message_count:<8} e2e%: "
+        )
+        for c in t.channels:
+            cprefix = "   *P " if c.paused else "      "
+            lines.append(
+                f"{cprefix}[{c.name:<25}] depth: {c.depth:<5} be-depth: {c.depth:<5} "
+                f"inflt: {c.in_flight_count:<4} def: {c.deferred_count:<4} "
+                f"re-q: {c.requeue_count:<5} timeout: {c.timeout_count:<5} "
+                f"msgs: {c.message_count:<8} e2e%: "
+            )
+    lines += ["", "Producers: None", ""]
+    return "\n".join(lines)
+
+
+@router.get("/stats", summary="Topics and channels with nsqd's figures", response_class=Response)
+async def stats(
+    request: Request,
+    format: Annotated[str | None, Query(description="json for JSON, else text")] = None,
+    topic: Annotated[str | None, Query()] = None,
+    channel: Annotated[str | None, Query()] = None,
+    include_clients: Annotated[str | None, Query()] = None,
+    include_mem: Annotated[str | None, Query()] = None,
+) -> Response:
+    broker = broker_of(request)
+    topics = broker.stats(topic or None, channel or None)
+    if format != "json":
+        return Response(_text(topics, broker.started_at), media_type=TEXT_TYPE)
+    body: dict[str, Any] = {
+        "version": NSQD_API_VERSION,
+        "health": "OK",
+        "start_time": int(broker.started_at),
+        "topics": [_topic_json(t) for t in topics],
+        "producers": [],
+    }
+    if _BOOL.get(include_mem or "", True):
+        body["memory"] = _memory()
+    return ok_json(body)

@@ -1,0 +1,83 @@
+"""nsqd's response shapes, and the one place where error codes become HTTP statuses."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import Response
+
+from queue_engine.errors import ErrorCode, QueueError
+
+NSQ_HEADER = {"X-NSQ-Content-Type": "nsq; version=1.0"}
+JSON_TYPE = "application/json; charset=utf-8"
+TEXT_TYPE = "text/plain; charset=utf-8"
+
+STATUS: dict[ErrorCode, int] = {
+    ErrorCode.INVALID_REQUEST: 400,
+    ErrorCode.MISSING_ARG_TOPIC: 400,
+    ErrorCode.MISSING_ARG_CHANNEL: 400,
+    ErrorCode.INVALID_TOPIC: 400,
+    ErrorCode.INVALID_CHANNEL: 400,
+    ErrorCode.MSG_EMPTY: 400,
+    ErrorCode.INVALID_DEFER: 400,
+    ErrorCode.MSG_TOO_BIG: 413,
+    ErrorCode.BODY_TOO_BIG: 413,
+    # nsqd answers every binary /mpub framing error with 413.
+    ErrorCode.BAD_BODY: 413,
+    ErrorCode.BAD_MESSAGE: 413,
+    ErrorCode.TOPIC_NOT_FOUND: 404,
+    ErrorCode.CHANNEL_NOT_FOUND: 404,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.METHOD_NOT_ALLOWED: 405,
+    ErrorCode.INTERNAL_ERROR: 500,
+    ErrorCode.E_COMMIT_FAILED: 503,
+    ErrorCode.EXITING: 503,
+}
+
+
+def ok_text(text: str = "OK") -> Response:
+    return Response(text, media_type=TEXT_TYPE, headers=NSQ_HEADER)
+
+
+def ok_empty() -> Response:
+    """nsqd's V1 answer for a handler that returns nothing: 200 with an empty body."""
+    return Response(b"", headers=NSQ_HEADER)
+
+
+def ok_json(data: Any) -> Response:
+    return Response(json.dumps(data, separators=(",", ":")), media_type=JSON_TYPE, headers=NSQ_HEADER)
+
+
+def error(code: ErrorCode, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        json.dumps({"message": str(code)}, separators=(",", ":")),
+        status_code=STATUS[code],
+        media_type=JSON_TYPE,
+        headers={**NSQ_HEADER, **(headers or {})},
+    )
+
+
+def from_queue_error(exc: QueueError) -> Response:
+    return error(exc.code)
+
+
+def error_doc(*codes: ErrorCode) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for these codes, grouped by status."""
+    by_status: dict[int, list[str]] = {}
+    for code in codes:
+        by_status.setdefault(STATUS[code], []).append(str(code))
+    return {
+        status: {
+            "description": " | ".join(names),
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "properties": {"message": {"type": "string", "enum": names}},
+                    }
+                }
+            },
+        }
+        for status, names in by_status.items()
+    }

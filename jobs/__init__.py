@@ -1,0 +1,1 @@
+"""Spark applications of deltaq (fanout, sweep); each is a thin ``main(argv) -> int``."""

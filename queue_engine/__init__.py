@@ -1,0 +1,9 @@
+"""deltaq's queue engine: NSQ semantics over Delta tables.
+
+The pure modules (names, message, mpub, registry, errors, settings) do no I/O; ``store``
+is the only package that imports ``deltalake``; ``broker`` ties them together for the API.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"

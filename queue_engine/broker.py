@@ -1,0 +1,328 @@
+"""The broker: one process's topics, channels and publish path (nsqd's ``NSQD`` struct).
+
+It owns the registry (folded from its Delta table), one group-commit writer per topic and the
+maintenance thread. It is asyncio-facing: publishes await the commit that carries them; the
+blocking Delta work runs in the writer threads or in ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.names import path_segment
+from queue_engine.registry import Action, Registry, RegistryEvent, TopicInfo
+from queue_engine.settings import AckMode, Settings
+from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
+from queue_engine.store.registry_store import RegistryStore
+from queue_engine.store.tables import Warehouse, delete_tree, list_dirs
+from queue_engine.store.writer import CommitStats, TopicWriter, WriterClosedError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ChannelStats:
+    name: str
+    paused: bool
+    depth: int = 0
+    in_flight_count: int = 0
+    deferred_count: int = 0
+    message_count: int = 0
+    requeue_count: int = 0
+    timeout_count: int = 0
+    client_count: int = 0
+
+
+@dataclass(frozen=True)
+class TopicStats:
+    name: str
+    paused: bool
+    depth: int
+    message_count: int
+    message_bytes: int
+    commits: int
+    version: int
+    channels: list[ChannelStats]
+
+
+class Broker:
+    """Topics, channels and publishing for one deltaq process."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.warehouse = Warehouse(settings.warehouse)
+        self.started_at = time.time()
+        self._registry_store: RegistryStore | None = None
+        self.registry = Registry()
+        self._writers: dict[str, TopicWriter] = {}
+        self._admin = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = False
+        self.maintenance = Maintenance(
+            MaintenancePolicy(
+                checkpoint_interval_commits=settings.checkpoint_interval_commits,
+                compact_min_small_files=settings.compact_min_small_files,
+                compact_target_file_bytes=settings.compact_target_file_bytes,
+                vacuum_retention_hours=settings.vacuum_retention_hours,
+                vacuum_interval_s=settings.vacuum_interval_s,
+                interval_ms=settings.maintenance_interval_ms,
+            ),
+            on_checkpoint=self._checkpointed,
+        )
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Fold the registry, finish interrupted deletes, open every topic's writer."""
+        self._loop = asyncio.get_running_loop()
+        await asyncio.to_thread(self._start_blocking)
+        self.maintenance.start()
+        log.info(
+            "warehouse %s: %d topics, %d channels",
+            self.warehouse.root,
+            len(self.registry.topics),
+            sum(len(t.channels) for t in self.registry.topics.values()),
+        )
+
+    def _start_blocking(self) -> None:
+        self._registry_store = RegistryStore(self.warehouse.registry_path)
+        self.maintenance.watch(self.warehouse.registry_path)
+        self.registry = Registry.fold(self._registry_store.load())
+        # A delete is committed to the registry before its directories are removed; a crash in
+        # between leaves directories that no registered topic or channel owns.
+        live = {path_segment(name): info for name, info in self.registry.topics.items()}
+        for segment in list_dirs(self.warehouse.topics_root):
+            if segment not in live:
+                delete_tree(f"{self.warehouse.topics_root}/{segment}")
+        for segment in list_dirs(self.warehouse.channels_root_all):
+            topic = live.get(segment)
+            if topic is None:
+                delete_tree(f"{self.warehouse.channels_root_all}/{segment}")
+                continue
+            owned = {path_segment(c) for c in topic.channels}
+            for channel_segment in list_dirs(f"{self.warehouse.channels_root_all}/{segment}"):
+                if channel_segment not in owned:
+                    delete_tree(f"{self.warehouse.channels_root_all}/{segment}/{channel_segment}")
+        for name in self.registry.topics:
+            self._open_writer(name)
+
+    async def close(self) -> None:
+        """Commit everything pending, then stop the writers and the maintenance thread."""
+        self._closing = True
+        writers = list(self._writers.values())
+        self._writers.clear()
+        await asyncio.to_thread(_close_all, writers)
+        await asyncio.to_thread(self.maintenance.stop)
+
+    # -- publishing -----------------------------------------------------------------------
+
+    async def publish(
+        self, topic: str, bodies: list[bytes], defer_ms: int | None = None
+    ) -> None:
+        """Append ``bodies`` to ``topic`` (created if needed); return once acknowledged.
+
+        With ``ack = "commit"`` that is after the Delta commit holding them succeeded; with
+        ``ack = "buffer"`` once they are queued for the next commit (unless the buffer is full,
+        then the publisher waits for the commit: backpressure).
+        """
+        if self._closing:
+            raise QueueError(ErrorCode.EXITING)
+        writer = self._writers.get(topic) or await self._create_topic(topic)
+        published_at_us = time.time_ns() // 1000
+        deliver_at_us = published_at_us + defer_ms * 1000 if defer_ms else None
+        wait = (
+            self.settings.ack is AckMode.COMMIT
+            or writer.pending_bytes >= self.settings.buffer_max_bytes
+        )
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] | None = loop.create_future() if wait else None
+        try:
+            writer.submit(bodies, published_at_us, deliver_at_us, future)
+        except WriterClosedError as exc:
+            raise QueueError(ErrorCode.EXITING, str(exc)) from exc
+        if future is not None:
+            await future
+
+    def _committed(self, tokens: list[Any], error: BaseException | None) -> None:
+        """Writer thread -> event loop: resolve the futures of one commit in one hop."""
+        waiting = [t for t in tokens if t is not None]
+        if error is not None and len(waiting) < len(tokens):
+            log.error("lost %d buffered publishes: %s", len(tokens) - len(waiting), error)
+        if waiting and self._loop is not None:
+            self._loop.call_soon_threadsafe(_resolve, waiting, error)
+
+    def _checkpointed(self, path: str) -> None:
+        for writer in list(self._writers.values()):
+            if writer.path == path:
+                writer.request_reopen()
+
+    # -- topics ---------------------------------------------------------------------------
+
+    async def _create_topic(self, name: str) -> TopicWriter:
+        async with self._admin:
+            writer = self._writers.get(name)
+            if writer is not None:
+                return writer
+            if name not in self.registry.topics:
+                await self._record(Action.TOPIC_CREATE, name)
+            return await asyncio.to_thread(self._open_writer, name)
+
+    async def create_topic(self, name: str) -> None:
+        await self._create_topic(name)
+
+    async def delete_topic(self, name: str) -> None:
+        async with self._admin:
+            self.registry.existing_topic(name)
+            await self._record(Action.TOPIC_DELETE, name)
+            writer = self._writers.pop(name, None)
+            if writer is not None:
+                self.maintenance.unwatch(writer.path)
+                await asyncio.to_thread(writer.close)
+            await asyncio.to_thread(delete_tree, self.warehouse.topic_path(name))
+            await asyncio.to_thread(delete_tree, self.warehouse.channels_root(name))
+
+    async def pause_topic(self, name: str, paused: bool) -> None:
+        async with self._admin:
+            self.registry.existing_topic(name)
+            await self._record(Action.TOPIC_PAUSE if paused else Action.TOPIC_UNPAUSE, name)
+
+    async def empty_topic(self, name: str) -> None:
+        async with self._admin:
+            self.registry.existing_topic(name)
+            stats = self._writer_stats(name)
+            await self._record(
+                Action.TOPIC_EMPTY,
+                name,
+                topic_version=stats.version,
+                topic_messages=stats.message_count,
+            )
+
+    # -- channels -------------------------------------------------------------------------
+
+    async def create_channel(self, topic: str, channel: str) -> None:
+        """Create ``channel``: it receives every message committed to ``topic`` from now on."""
+        async with self._admin:
+            info = self.registry.existing_topic(topic)
+            if channel in info.channels:
+                return
+            stats = self._writer_stats(topic)
+            await self._record(
+                Action.CHANNEL_CREATE,
+                topic,
+                channel,
+                topic_version=stats.version,
+                topic_messages=stats.message_count,
+            )
+
+    async def delete_channel(self, topic: str, channel: str) -> None:
+        async with self._admin:
+            self.registry.existing_channel(topic, channel)
+            await self._record(Action.CHANNEL_DELETE, topic, channel)
+            await asyncio.to_thread(delete_tree, self.warehouse.channel_root(topic, channel))
+
+    async def pause_channel(self, topic: str, channel: str, paused: bool) -> None:
+        async with self._admin:
+            self.registry.existing_channel(topic, channel)
+            action = Action.CHANNEL_PAUSE if paused else Action.CHANNEL_UNPAUSE
+            await self._record(action, topic, channel)
+
+    async def empty_channel(self, topic: str, channel: str) -> None:
+        async with self._admin:
+            self.registry.existing_channel(topic, channel)
+            await self._record(Action.CHANNEL_EMPTY, topic, channel)
+
+    # -- stats ----------------------------------------------------------------------------
+
+    def stats(self, topic: str | None = None, channel: str | None = None) -> list[TopicStats]:
+        """nsqd's /stats figures; ``topic``/``channel`` filter as nsqd filters them."""
+        result = []
+        for name in sorted(self.registry.topics):
+            if topic and name != topic:
+                continue
+            info = self.registry.topics[name]
+            result.append(self._topic_stats(info, channel))
+        return result
+
+    def _topic_stats(self, info: TopicInfo, channel: str | None) -> TopicStats:
+        stats = self._writer_stats(info.name)
+        channels = [
+            ChannelStats(name=c.name, paused=c.paused)
+            for c in sorted(info.channels.values(), key=lambda c: c.name)
+            if not channel or c.name == channel
+        ]
+        # Until the fanout job has taken them, messages wait in the topic (nsqd's topic depth).
+        depth = max(0, stats.message_count - info.empty_message_count)
+        return TopicStats(
+            name=info.name,
+            paused=info.paused,
+            depth=depth,
+            message_count=stats.message_count,
+            message_bytes=stats.committed_bytes,
+            commits=stats.commits,
+            version=stats.version,
+            channels=channels,
+        )
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _open_writer(self, name: str) -> TopicWriter:
+        writer = TopicWriter(
+            self.warehouse.topic_path(name),
+            self._committed,
+            commit_max_bytes=self.settings.commit_max_bytes,
+            name=name,
+        )
+        self._writers[name] = writer
+        self.maintenance.watch(writer.path)
+        return writer
+
+    def _writer_stats(self, name: str) -> CommitStats:
+        writer = self._writers.get(name)
+        if writer is None:
+            return CommitStats(version=-1, message_count=0, commits=0, committed_messages=0,
+                               committed_bytes=0)
+        return writer.stats()
+
+    async def _record(
+        self,
+        action: Action,
+        topic: str,
+        channel: str | None = None,
+        *,
+        topic_version: int | None = None,
+        topic_messages: int | None = None,
+    ) -> None:
+        """Commit a registry event, then apply it: memory never runs ahead of the table."""
+        assert self._registry_store is not None, "broker not started"
+        event = RegistryEvent(
+            seq=self.registry.next_seq(),
+            at_us=time.time_ns() // 1000,
+            action=action,
+            topic=topic,
+            channel=channel,
+            topic_version=topic_version,
+            topic_messages=topic_messages,
+        )
+        await asyncio.to_thread(self._registry_store.append, event)
+        self.registry.apply(event)
+
+
+def _resolve(futures: Iterable[asyncio.Future[None]], error: BaseException | None) -> None:
+    for future in futures:
+        if future.done():
+            continue
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(QueueError(ErrorCode.E_COMMIT_FAILED, str(error)))
+
+
+def _close_all(writers: list[TopicWriter]) -> None:
+    for writer in writers:
+        writer.close()

@@ -1,0 +1,39 @@
+"""Typed errors carrying NSQ's error codes; the API maps codes to HTTP statuses in one place."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    """nsqd's HTTP error vocabulary (``{"message": CODE}``), plus deltaq's few additions."""
+
+    INVALID_REQUEST = "INVALID_REQUEST"
+    MISSING_ARG_TOPIC = "MISSING_ARG_TOPIC"
+    MISSING_ARG_CHANNEL = "MISSING_ARG_CHANNEL"
+    INVALID_TOPIC = "INVALID_TOPIC"
+    INVALID_CHANNEL = "INVALID_CHANNEL"
+    MSG_EMPTY = "MSG_EMPTY"
+    MSG_TOO_BIG = "MSG_TOO_BIG"
+    BODY_TOO_BIG = "BODY_TOO_BIG"
+    BAD_BODY = "BAD_BODY"
+    BAD_MESSAGE = "BAD_MESSAGE"
+    INVALID_DEFER = "INVALID_DEFER"
+    TOPIC_NOT_FOUND = "TOPIC_NOT_FOUND"
+    CHANNEL_NOT_FOUND = "CHANNEL_NOT_FOUND"
+    NOT_FOUND = "NOT_FOUND"
+    METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
+    INTERNAL_ERROR = "INTERNAL_ERROR"
+    # nsqd answers 503 EXITING when a message cannot be put because the daemon is stopping.
+    EXITING = "EXITING"
+    # deltaq: the Delta commit carrying the message failed; nothing of it was committed.
+    E_COMMIT_FAILED = "E_COMMIT_FAILED"
+
+
+class QueueError(Exception):
+    """A request the queue refuses; ``code`` is what the client sees."""
+
+    def __init__(self, code: ErrorCode, detail: str = "") -> None:
+        super().__init__(f"{code}: {detail}" if detail else str(code))
+        self.code = code
+        self.detail = detail

@@ -1,0 +1,138 @@
+"""The registry of topics and channels: durable events and their fold (pure).
+
+Every create/delete/pause/unpause/empty of a topic or channel is an event; the current registry
+is the fold of all events in order. The store appends events to a Delta table before the API
+answers, so a restarted process folds the same events into the same registry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.names import is_ephemeral
+
+
+class Action(StrEnum):
+    TOPIC_CREATE = "topic_create"
+    TOPIC_DELETE = "topic_delete"
+    TOPIC_PAUSE = "topic_pause"
+    TOPIC_UNPAUSE = "topic_unpause"
+    TOPIC_EMPTY = "topic_empty"
+    CHANNEL_CREATE = "channel_create"
+    CHANNEL_DELETE = "channel_delete"
+    CHANNEL_PAUSE = "channel_pause"
+    CHANNEL_UNPAUSE = "channel_unpause"
+    CHANNEL_EMPTY = "channel_empty"
+
+
+@dataclass(frozen=True)
+class RegistryEvent:
+    """One change to the registry.
+
+    ``topic_version`` and ``topic_messages`` are the topic table's version and message count
+    when the event happened: a channel receives the messages committed after its create event's
+    version; a topic empty drops what was committed up to its version.
+    """
+
+    seq: int
+    at_us: int
+    action: Action
+    topic: str
+    channel: str | None = None
+    topic_version: int | None = None
+    topic_messages: int | None = None
+
+
+@dataclass
+class ChannelInfo:
+    name: str
+    created_at_us: int
+    start_version: int
+    paused: bool = False
+    emptied_at_us: int | None = None
+
+    @property
+    def ephemeral(self) -> bool:
+        return is_ephemeral(self.name)
+
+
+@dataclass
+class TopicInfo:
+    name: str
+    created_at_us: int
+    paused: bool = False
+    # Messages committed at or before this topic version were emptied (nsqd's topic/empty).
+    empty_version: int = -1
+    empty_message_count: int = 0
+    channels: dict[str, ChannelInfo] = field(default_factory=dict)
+
+    @property
+    def ephemeral(self) -> bool:
+        return is_ephemeral(self.name)
+
+
+class Registry:
+    """The fold of registry events, and the rules that turn a request into an event."""
+
+    def __init__(self) -> None:
+        self.topics: dict[str, TopicInfo] = {}
+        self.last_seq = -1
+
+    @classmethod
+    def fold(cls, events: list[RegistryEvent]) -> Registry:
+        registry = cls()
+        for event in sorted(events, key=lambda e: e.seq):
+            registry.apply(event)
+        return registry
+
+    def apply(self, event: RegistryEvent) -> None:
+        """Apply one event; events that no longer make sense (stale) are ignored."""
+        self.last_seq = max(self.last_seq, event.seq)
+        topic = self.topics.get(event.topic)
+        match event.action:
+            case Action.TOPIC_CREATE:
+                if topic is None:
+                    self.topics[event.topic] = TopicInfo(event.topic, event.at_us)
+            case Action.TOPIC_DELETE:
+                self.topics.pop(event.topic, None)
+            case Action.TOPIC_PAUSE | Action.TOPIC_UNPAUSE if topic is not None:
+                topic.paused = event.action is Action.TOPIC_PAUSE
+            case Action.TOPIC_EMPTY if topic is not None:
+                topic.empty_version = max(topic.empty_version, event.topic_version or -1)
+                topic.empty_message_count = max(
+                    topic.empty_message_count, event.topic_messages or 0
+                )
+            case Action.CHANNEL_CREATE if topic is not None and event.channel is not None:
+                if event.channel not in topic.channels:
+                    topic.channels[event.channel] = ChannelInfo(
+                        event.channel, event.at_us, event.topic_version or 0
+                    )
+            case _ if topic is not None and event.channel is not None:
+                channel = topic.channels.get(event.channel)
+                if channel is None:
+                    return
+                if event.action is Action.CHANNEL_DELETE:
+                    del topic.channels[event.channel]
+                elif event.action is Action.CHANNEL_EMPTY:
+                    channel.emptied_at_us = event.at_us
+                else:
+                    channel.paused = event.action is Action.CHANNEL_PAUSE
+            case _:
+                return
+
+    def existing_topic(self, name: str) -> TopicInfo:
+        topic = self.topics.get(name)
+        if topic is None:
+            raise QueueError(ErrorCode.TOPIC_NOT_FOUND, name)
+        return topic
+
+    def existing_channel(self, topic_name: str, channel_name: str) -> ChannelInfo:
+        channel = self.existing_topic(topic_name).channels.get(channel_name)
+        if channel is None:
+            raise QueueError(ErrorCode.CHANNEL_NOT_FOUND, channel_name)
+        return channel
+
+    def next_seq(self) -> int:
+        return self.last_seq + 1

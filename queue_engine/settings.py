@@ -1,0 +1,103 @@
+"""One typed settings object: defaults (nsqd's where nsqd has one) < conf/*.toml < DELTAQ_* env.
+
+Units are in the names. Command-line flags, applied by the CLI, override all three.
+"""
+
+from __future__ import annotations
+
+import os
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+CONFIG_ENV = "DELTAQ_CONFIG"
+
+
+class AckMode(StrEnum):
+    """When /pub and /mpub answer OK."""
+
+    # After the Delta commit holding the message succeeded: it survives kill -9. The default.
+    COMMIT = "commit"
+    # As soon as the message is in the commit buffer (nsqd's guarantee: in memory); it is
+    # committed within milliseconds, but a crash in between loses it.
+    BUFFER = "buffer"
+
+
+class Settings(BaseSettings):
+    """Everything configurable about a deltaq process."""
+
+    model_config = SettingsConfigDict(env_prefix="DELTAQ_", extra="forbid", frozen=True)
+
+    warehouse: str = Field(
+        default="deltaq-data",
+        description="Root of all tables: a local path or an s3:// abfss:// gs:// URL.",
+    )
+    host: str = "127.0.0.1"
+    port: int = 4151
+    # nsqd's defaults.
+    msg_timeout_ms: int = 60_000
+    max_msg_timeout_ms: int = 15 * 60_000
+    max_req_timeout_ms: int = 60 * 60_000
+    max_msg_size_bytes: int = 1024 * 1024
+    max_body_size_bytes: int = 5 * 1024 * 1024
+    max_rdy_count: int = 2500
+    # Publishing.
+    ack: AckMode = AckMode.COMMIT
+    # One commit carries at most this many body bytes; more waiting goes in the next commit.
+    commit_max_bytes: int = 64 * 1024 * 1024
+    # In ack=buffer mode, publishers wait for the commit once this much is buffered (backpressure).
+    buffer_max_bytes: int = 64 * 1024 * 1024
+    # Table upkeep, all off the publish path.
+    # A checkpoint every N commits keeps opening a table and appending to it fast.
+    checkpoint_interval_commits: int = 20
+    # Compact once a table has this many files smaller than compact_target_file_bytes.
+    compact_min_small_files: int = 64
+    compact_target_file_bytes: int = 64 * 1024 * 1024
+    # Files removed by compaction are deleted only after this long, so a reader that is behind
+    # (the fanout job, a Spark query, time travel) never finds its files gone.
+    vacuum_retention_hours: int = 168
+    vacuum_interval_s: int = 3600
+    maintenance_interval_ms: int = 1000
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config = os.environ.get(CONFIG_ENV)
+        if config:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config)))
+        return tuple(sources)
+
+
+def load_settings(config_file: str | None = None, **overrides: Any) -> Settings:
+    """Settings from ``config_file`` (or $DELTAQ_CONFIG), DELTAQ_* env and ``overrides``.
+
+    ``overrides`` whose value is None are ignored, so CLI flags that were not given do not
+    mask the environment or the file.
+    """
+    given = {key: value for key, value in overrides.items() if value is not None}
+    if config_file is None:
+        return Settings(**given)
+    previous = os.environ.get(CONFIG_ENV)
+    os.environ[CONFIG_ENV] = config_file
+    try:
+        return Settings(**given)
+    finally:
+        if previous is None:
+            del os.environ[CONFIG_ENV]
+        else:
+            os.environ[CONFIG_ENV] = previous

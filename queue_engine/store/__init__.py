@@ -1,0 +1,1 @@
+"""Delta I/O: the only package that imports deltalake."""

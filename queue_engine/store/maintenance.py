@@ -1,0 +1,125 @@
+"""Table upkeep off the publish path: checkpoints, compaction of small files, vacuum.
+
+Constant small commits make a Delta table slow to open and to append to (the log to replay
+grows) and slow to read (many small files). One background thread per process keeps every
+table it is told about healthy. Compaction commits are ``dataChange=false`` and do not conflict
+with appends; vacuum deletes only files removed longer ago than the retention, so readers that
+are behind by less than that never find their files gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Upkeep:
+    last_checkpoint_version: int = -1
+    last_vacuum_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class MaintenancePolicy:
+    checkpoint_interval_commits: int
+    compact_min_small_files: int
+    compact_target_file_bytes: int
+    vacuum_retention_hours: int
+    vacuum_interval_s: int
+    interval_ms: int
+
+
+class Maintenance:
+    """A background thread that checkpoints, compacts and vacuums the tables it watches."""
+
+    def __init__(
+        self, policy: MaintenancePolicy, on_checkpoint: Callable[[str], None] | None = None
+    ) -> None:
+        self.policy = policy
+        self._on_checkpoint = on_checkpoint
+        self._tables: dict[str, _Upkeep] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="deltaq-maintenance", daemon=True)
+        self.checkpoints = 0
+        self.compactions = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def watch(self, path: str) -> None:
+        with self._lock:
+            self._tables.setdefault(path, _Upkeep(last_vacuum_s=time.monotonic()))
+
+    def unwatch(self, path: str) -> None:
+        with self._lock:
+            self._tables.pop(path, None)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(60)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.policy.interval_ms / 1000):
+            with self._lock:
+                tables = list(self._tables.items())
+            for path, upkeep in tables:
+                if self._stop.is_set():
+                    return
+                try:
+                    self.upkeep(path, upkeep)
+                except Exception:
+                    # A table deleted meanwhile, or a transient storage error: next round.
+                    log.warning("maintenance of %s failed", path, exc_info=True)
+
+    def upkeep(self, path: str, upkeep: _Upkeep | None = None) -> None:
+        """One round of upkeep for one table (public so tests and jobs can force it)."""
+        if upkeep is None:
+            with self._lock:
+                upkeep = self._tables.setdefault(path, _Upkeep())
+        dt = DeltaTable(path)
+        version = dt.version()
+        if version - upkeep.last_checkpoint_version >= self.policy.checkpoint_interval_commits:
+            if self._small_files(dt) >= self.policy.compact_min_small_files:
+                metrics = dt.optimize.compact(target_size=self.policy.compact_target_file_bytes)
+                self.compactions += 1
+                log.info("compacted %s: %s", path, _summary(metrics))
+                dt = DeltaTable(path)
+            dt.create_checkpoint()
+            upkeep.last_checkpoint_version = dt.version()
+            self.checkpoints += 1
+            if self._on_checkpoint is not None:
+                self._on_checkpoint(path)
+        if time.monotonic() - upkeep.last_vacuum_s >= self.policy.vacuum_interval_s:
+            removed = dt.vacuum(
+                retention_hours=self.policy.vacuum_retention_hours,
+                dry_run=False,
+                enforce_retention_duration=False,
+            )
+            dt.cleanup_metadata()
+            upkeep.last_vacuum_s = time.monotonic()
+            if removed:
+                log.info("vacuumed %d files from %s", len(removed), path)
+
+    def _small_files(self, dt: DeltaTable) -> int:
+        actions = pa.table(dt.get_add_actions(flatten=False))
+        if actions.num_rows == 0:
+            return 0
+        small = pc.less(actions["size_bytes"], self.policy.compact_target_file_bytes // 2)
+        return int(pc.sum(small).as_py() or 0)
+
+
+def _summary(metrics: object) -> str:
+    if isinstance(metrics, dict):
+        return f"{metrics.get('numFilesRemoved')} files -> {metrics.get('numFilesAdded')}"
+    return str(metrics)

@@ -1,0 +1,71 @@
+"""The durable registry: an append-only Delta table of registry events."""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+from deltalake import write_deltalake
+from deltalake.transaction import PostCommitHookProperties
+
+from queue_engine.registry import Action, RegistryEvent
+from queue_engine.store.tables import REGISTRY_SCHEMA, open_or_create
+
+_HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
+
+
+class RegistryStore:
+    """Reads all registry events and appends new ones, one commit per event."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._dt = open_or_create(path, REGISTRY_SCHEMA)
+        self._lock = threading.Lock()
+
+    def load(self) -> list[RegistryEvent]:
+        with self._lock:
+            self._dt.update_incremental()
+            table = self._dt.to_pyarrow_table()
+        rows = table.sort_by("seq").to_pylist()
+        return [
+            RegistryEvent(
+                seq=row["seq"],
+                at_us=_to_us(row["at"]),
+                action=Action(row["action"]),
+                topic=row["topic"],
+                channel=row["channel"],
+                topic_version=row["topic_version"],
+                topic_messages=row["topic_messages"],
+            )
+            for row in rows
+        ]
+
+    def append(self, event: RegistryEvent) -> None:
+        """Commit ``event``; when this returns, it survives any crash."""
+        row = pa.Table.from_pylist(
+            [
+                {
+                    "seq": event.seq,
+                    "at": event.at_us,
+                    "action": str(event.action),
+                    "topic": event.topic,
+                    "channel": event.channel,
+                    "topic_version": event.topic_version,
+                    "topic_messages": event.topic_messages,
+                }
+            ],
+            schema=REGISTRY_SCHEMA,
+        )
+        with self._lock:
+            write_deltalake(self._dt, row, mode="append", post_commithook_properties=_HOOKS)
+
+
+def _to_us(value: object) -> int:
+    import datetime as dt
+
+    if isinstance(value, dt.datetime):
+        delta = value - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    if isinstance(value, int):
+        return value
+    raise TypeError(f"unexpected timestamp {value!r}")

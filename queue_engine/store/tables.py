@@ -1,0 +1,110 @@
+"""Where each table lives in the warehouse, its schema, and how it is opened."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from queue_engine.names import path_segment
+
+log = logging.getLogger(__name__)
+
+_TS = pa.timestamp("us", tz="UTC")
+
+# topics/<t>: one row per published message, append-only.
+TOPIC_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("body", pa.binary(), nullable=False),
+        pa.field("published_at", _TS, nullable=False),
+        pa.field("deliver_at", _TS, nullable=True),
+    ]
+)
+
+# registry: one row per create/delete/pause/unpause/empty of a topic or channel, append-only.
+REGISTRY_SCHEMA = pa.schema(
+    [
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("at", _TS, nullable=False),
+        pa.field("action", pa.string(), nullable=False),
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("channel", pa.string(), nullable=True),
+        pa.field("topic_version", pa.int64(), nullable=True),
+        pa.field("topic_messages", pa.int64(), nullable=True),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Warehouse:
+    """Paths of deltaq's tables under one root (a local path or an object-store URL)."""
+
+    root: str
+
+    def _join(self, *parts: str) -> str:
+        return "/".join([self.root.rstrip("/"), *parts])
+
+    @property
+    def registry_path(self) -> str:
+        return self._join("registry")
+
+    @property
+    def topics_root(self) -> str:
+        return self._join("topics")
+
+    def topic_path(self, topic: str) -> str:
+        return self._join("topics", path_segment(topic))
+
+    @property
+    def channels_root_all(self) -> str:
+        return self._join("channels")
+
+    def channels_root(self, topic: str) -> str:
+        return self._join("channels", path_segment(topic))
+
+    def channel_root(self, topic: str, channel: str) -> str:
+        return self._join("channels", path_segment(topic), path_segment(channel))
+
+
+def open_or_create(path: str, schema: pa.Schema) -> DeltaTable:
+    """Open the Delta table at ``path``, creating it (empty, with ``schema``) if absent.
+
+    Created tables use reader 1 / writer 2, which delta-spark reads and writes as well.
+    """
+    try:
+        return DeltaTable(path)
+    except TableNotFoundError:
+        pass
+    try:
+        return DeltaTable.create(path, schema=schema, mode="error")
+    except Exception:
+        # Another process may have created it between the two calls; opening decides.
+        return DeltaTable(path)
+
+
+def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    return pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
+
+
+def delete_tree(uri: str) -> None:
+    """Remove a directory (local or object store) and everything under it, if it exists."""
+    fs, path = _filesystem(uri)
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return
+    fs.delete_dir(path)
+    log.info("deleted %s", uri)
+
+
+def list_dirs(uri: str) -> list[str]:
+    """Names of the directories directly under ``uri`` (none if it does not exist)."""
+    fs, path = _filesystem(uri)
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return []
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=False))
+    return sorted(info.base_name for info in infos if info.type == pafs.FileType.Directory)
