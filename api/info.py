@@ -80,6 +80,7 @@ def _topic_json(t: TopicStats) -> dict[str, Any]:
         "e2e_processing_latency": _e2e(),
         "delta_version": t.version,
         "delta_commits": t.commits,
+        "delta_commit_ms": {"p50": t.commit_p50_ms, "p99": t.commit_p99_ms},
     }
 
 

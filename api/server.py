@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 import uvicorn
 
@@ -12,8 +13,15 @@ from queue_engine.settings import Settings
 log = logging.getLogger(__name__)
 
 
+# The commit threads release the GIL inside delta-rs but must win it back several times per
+# commit; with CPython's default 5 ms switch interval a busy event loop makes each commit wait
+# for it (measured: 60 commits 1.45 s next to a busy thread at 5 ms, 0.58 s at 0.5 ms).
+GIL_SWITCH_INTERVAL_S = 0.0005
+
+
 def serve(settings: Settings) -> None:
     """Serve until SIGINT/SIGTERM; pending publishes are committed before exit."""
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     config = uvicorn.Config(
         create_app(settings),
         host=settings.host,

@@ -49,6 +49,8 @@ class TopicStats:
     commits: int
     version: int
     channels: list[ChannelStats]
+    commit_p50_ms: float = 0.0
+    commit_p99_ms: float = 0.0
 
 
 class Broker:
@@ -256,6 +258,7 @@ class Broker:
             for c in sorted(info.channels.values(), key=lambda c: c.name)
             if not channel or c.name == channel
         ]
+        durations = sorted(self._writers[info.name].commit_seconds) if info.name in self._writers else []
         # Until the fanout job has taken them, messages wait in the topic (nsqd's topic depth).
         depth = max(0, stats.message_count - info.empty_message_count)
         return TopicStats(
@@ -267,6 +270,8 @@ class Broker:
             commits=stats.commits,
             version=stats.version,
             channels=channels,
+            commit_p50_ms=_percentile_ms(durations, 0.50),
+            commit_p99_ms=_percentile_ms(durations, 0.99),
         )
 
     # -- internals ------------------------------------------------------------------------
@@ -321,6 +326,12 @@ def _resolve(futures: Iterable[asyncio.Future[None]], error: BaseException | Non
             future.set_result(None)
         else:
             future.set_exception(QueueError(ErrorCode.E_COMMIT_FAILED, str(error)))
+
+
+def _percentile_ms(ordered: list[float], q: float) -> float:
+    if not ordered:
+        return 0.0
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 2)
 
 
 def _close_all(writers: list[TopicWriter]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+from collections import deque
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,20 +18,21 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError
-from deltalake.transaction import PostCommitHookProperties
+from deltalake import DeltaTable
 
 from queue_engine.message import IdAllocator, id_from_hex
+from queue_engine.store.append import (
+    Appender,
+    DeltaRsAppender,
+    ProtocolChangedError,
+    appender_for,
+)
 from queue_engine.store.ids import hex_id_array
 from queue_engine.store.tables import TOPIC_SCHEMA, open_or_create
 
 log = logging.getLogger(__name__)
 
-# Checkpoints and log cleanup run in the maintenance thread, never inside a publish's commit.
-_NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
 _TS = pa.timestamp("us", tz="UTC")
-_COMMIT_ATTEMPTS = 4
 
 # Called once per commit with the tokens of the publishes it carried and None, or the error
 # that made the commit fail (then none of those messages is in the table).
@@ -68,20 +70,24 @@ class TopicWriter:
         notify: Notify,
         *,
         commit_max_bytes: int,
+        fast_appends: bool = True,
         name: str = "",
     ) -> None:
         self.path = path
         self._notify = notify
         self._commit_max_bytes = commit_max_bytes
-        self._dt = open_or_create(path, TOPIC_SCHEMA)
-        floor, count = _scan(self._dt)
+        dt = open_or_create(path, TOPIC_SCHEMA)
+        floor, count = _scan(dt)
+        self._appender: Appender = appender_for(path, allow_fast=fast_appends)
         self._ids = IdAllocator(floor)
         self._reopen_requested = False
+        # Durations of the latest commits, for /stats and benchmarks.
+        self.commit_seconds: deque[float] = deque(maxlen=1000)
         self._cond = threading.Condition()
         self._pending: list[_Publish] = []
         self._pending_bytes = 0
         self._closed = False
-        self._version = self._dt.version()
+        self._version = dt.version()
         self._message_count = count
         self._commits = 0
         self._committed_messages = 0
@@ -150,11 +156,13 @@ class TopicWriter:
                     return
                 batch = self._take_batch()
             error: BaseException | None = None
+            started = time.perf_counter()
             try:
                 self._commit(batch)
             except BaseException as exc:  # reported to every publisher of the batch
                 log.exception("commit to %s failed (%d publishes)", self.path, len(batch))
                 error = exc
+            self.commit_seconds.append(time.perf_counter() - started)
             self._notify([p.token for p in batch], error)
 
     def _take_batch(self) -> list[_Publish]:
@@ -176,23 +184,16 @@ class TopicWriter:
         table = _to_arrow(batch, first, count)
         if self._reopen_requested:
             self._reopen_requested = False
-            self._dt = DeltaTable(self.path)
-        for attempt in range(1, _COMMIT_ATTEMPTS + 1):
-            try:
-                write_deltalake(
-                    self._dt, table, mode="append", post_commithook_properties=_NO_HOOKS
-                )
-                break
-            except CommitFailedError:
-                # delta-rs raises this only when its own retries found no free version, so the
-                # commit did not land: retrying cannot duplicate the batch.
-                if attempt == _COMMIT_ATTEMPTS:
-                    raise
-                log.warning("commit to %s conflicted (attempt %d), retrying", self.path, attempt)
-                self._dt = DeltaTable(self.path)
+            self._appender.reopen()
+        try:
+            version = self._appender.append(table)
+        except ProtocolChangedError:
+            log.warning("%s changed protocol or metadata; appending through delta-rs", self.path)
+            self._appender = DeltaRsAppender(self.path)
+            version = self._appender.append(table)
         nbytes = sum(p.nbytes for p in batch)
         with self._cond:
-            self._version = self._dt.version()
+            self._version = max(self._version, version)
             self._message_count += count
             self._commits += 1
             self._committed_messages += count
