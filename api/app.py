@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from api import admin, info, publish
+from api.fastpath import PublishFastPath
 from api.responses import error, from_queue_error
 from queue_engine import __version__
 from queue_engine.broker import Broker
@@ -57,3 +58,9 @@ def create_app(settings: Settings) -> FastAPI:
         return error(ErrorCode.INVALID_REQUEST)
 
     return app
+
+
+def create_asgi(settings: Settings, *, fast_path: bool = True) -> FastAPI | PublishFastPath:
+    """What uvicorn serves: the app, behind the publish fast path unless turned off."""
+    app = create_app(settings)
+    return PublishFastPath(app) if fast_path else app

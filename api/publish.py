@@ -1,8 +1,15 @@
-"""POST /pub and /mpub, as nsqd serves them."""
+"""POST /pub and /mpub, as nsqd serves them.
+
+The logic lives in ``pub`` and ``mpub``, which take the query parameters and a body reader.
+Two front doors call them: the FastAPI routes below (which also make the OpenAPI docs) and
+``api.fastpath``, a plain ASGI handler that skips FastAPI's per-request machinery for these
+two hot paths. Both give the same answers; the tests run both.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -10,28 +17,21 @@ from fastapi import APIRouter, Query, Request, Response
 from api.body import read_limited
 from api.responses import error_doc, ok_text
 from api.state import broker_of
+from queue_engine.broker import Broker
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.mpub import check_single, parse_binary, split_text
 from queue_engine.names import require_topic
 
-router = APIRouter(tags=["publish"])
+# Reads the request body, raising QueueError(code) once it exceeds limit bytes.
+BodyReader = Callable[[int, ErrorCode], Awaitable[bytes]]
 
 _INTEGER = re.compile(r"^[+-]?[0-9]+$")
 # nsqd's boolParams; any other value of ?binary= also means binary (deprecated in nsqd).
 _FALSE = {"false", "0"}
 
-_RAW_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
-    }
-}
-_OK = {200: {"description": "Acknowledged", "content": {"text/plain": {"example": "OK"}}}}
 
-TopicParam = Annotated[str | None, Query(description="Topic name: 1-64 of [.a-zA-Z0-9_-], optional #ephemeral")]
-
-
-def _defer_ms(value: str | None, max_ms: int) -> int | None:
+def defer_ms(value: str | None, max_ms: int) -> int | None:
+    """``defer=`` in ms: an integer in 0..max_req_timeout, else INVALID_DEFER (as nsqd)."""
     if value is None:
         return None
     if not _INTEGER.match(value):
@@ -40,6 +40,68 @@ def _defer_ms(value: str | None, max_ms: int) -> int | None:
     if not 0 <= defer <= max_ms:
         raise QueueError(ErrorCode.INVALID_DEFER, value)
     return defer
+
+
+async def pub(broker: Broker, params: Mapping[str, str], read: BodyReader) -> None:
+    """nsqd's doPUB: body checks first, then the topic, then defer."""
+    limits = broker.settings
+    body = check_single(
+        await read(limits.max_msg_size_bytes, ErrorCode.MSG_TOO_BIG), limits.max_msg_size_bytes
+    )
+    name = require_topic(params.get("topic"))
+    await broker.publish(name, [body], defer_ms(params.get("defer"), limits.max_req_timeout_ms))
+
+
+async def mpub(
+    broker: Broker, params: Mapping[str, str], read: BodyReader, content_length: int | None
+) -> None:
+    """nsqd's doMPUB: Content-Length, then the topic, then the body."""
+    limits = broker.settings
+    if content_length is not None and content_length > limits.max_body_size_bytes:
+        raise QueueError(ErrorCode.BODY_TOO_BIG)
+    name = require_topic(params.get("topic"))
+    body = await read(limits.max_body_size_bytes, ErrorCode.BODY_TOO_BIG)
+    binary = params.get("binary")
+    if binary is not None and binary not in _FALSE:
+        messages = parse_binary(body, limits.max_msg_size_bytes, limits.max_body_size_bytes)
+    else:
+        messages = split_text(body, limits.max_msg_size_bytes, limits.max_body_size_bytes)
+    if messages:
+        await broker.publish(name, messages)
+    else:
+        # nsqd creates the topic even when every line was empty.
+        await broker.create_topic(name)
+
+
+# -- FastAPI routes (documentation, and the path used when the fast path is off) -------------
+
+router = APIRouter(tags=["publish"])
+
+_RAW_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
+_OK = {200: {"description": "Acknowledged", "content": {"text/plain": {"example": "OK"}}}}
+TopicParam = Annotated[
+    str | None, Query(description="Topic name: 1-64 of [.a-zA-Z0-9_-], optional #ephemeral")
+]
+
+
+def first_values(request: Request) -> dict[str, str]:
+    """Query parameters, the first value of each (nsqd reads the first)."""
+    params: dict[str, str] = {}
+    for key, value in request.query_params.multi_items():
+        params.setdefault(key, value)
+    return params
+
+
+def _reader(request: Request) -> BodyReader:
+    async def read(limit: int, code: ErrorCode) -> bytes:
+        return await read_limited(request, limit, code)
+
+    return read
 
 
 @router.post(
@@ -65,19 +127,12 @@ def _defer_ms(value: str | None, max_ms: int) -> int | None:
     },
     openapi_extra=_RAW_BODY,
 )
-async def pub(
+async def pub_route(
     request: Request,
     topic: TopicParam = None,
     defer: Annotated[str | None, Query(description="Delay in ms before delivery")] = None,
 ) -> Response:
-    broker = broker_of(request)
-    limits = broker.settings
-    body = check_single(
-        await read_limited(request, limits.max_msg_size_bytes, ErrorCode.MSG_TOO_BIG),
-        limits.max_msg_size_bytes,
-    )
-    name = require_topic(topic)
-    await broker.publish(name, [body], _defer_ms(defer, limits.max_req_timeout_ms))
+    await pub(broker_of(request), first_values(request), _reader(request))
     return ok_text()
 
 
@@ -105,25 +160,16 @@ async def pub(
     },
     openapi_extra=_RAW_BODY,
 )
-async def mpub(
+async def mpub_route(
     request: Request,
     topic: TopicParam = None,
     binary: Annotated[str | None, Query(description="true/1 for the binary framing")] = None,
 ) -> Response:
-    broker = broker_of(request)
-    limits = broker.settings
     length = request.headers.get("content-length")
-    if length is not None and int(length) > limits.max_body_size_bytes:
-        raise QueueError(ErrorCode.BODY_TOO_BIG)
-    name = require_topic(topic)
-    body = await read_limited(request, limits.max_body_size_bytes, ErrorCode.BODY_TOO_BIG)
-    if binary is not None and binary not in _FALSE:
-        messages = parse_binary(body, limits.max_msg_size_bytes, limits.max_body_size_bytes)
-    else:
-        messages = split_text(body, limits.max_msg_size_bytes, limits.max_body_size_bytes)
-    if messages:
-        await broker.publish(name, messages)
-    else:
-        # nsqd creates the topic even when every line was empty.
-        await broker.create_topic(name)
+    await mpub(
+        broker_of(request),
+        first_values(request),
+        _reader(request),
+        int(length) if length is not None else None,
+    )
     return ok_text()

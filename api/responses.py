@@ -46,12 +46,18 @@ def ok_empty() -> Response:
 
 
 def ok_json(data: Any) -> Response:
-    return Response(json.dumps(data, separators=(",", ":")), media_type=JSON_TYPE, headers=NSQ_HEADER)
+    body = json.dumps(data, separators=(",", ":"))
+    return Response(body, media_type=JSON_TYPE, headers=NSQ_HEADER)
+
+
+def error_body(code: ErrorCode) -> bytes:
+    """nsqd's error body: compact JSON, as Go's json.Marshal writes it."""
+    return json.dumps({"message": str(code)}, separators=(",", ":")).encode()
 
 
 def error(code: ErrorCode, headers: dict[str, str] | None = None) -> Response:
     return Response(
-        json.dumps({"message": str(code)}, separators=(",", ":")),
+        error_body(code),
         status_code=STATUS[code],
         media_type=JSON_TYPE,
         headers={**NSQ_HEADER, **(headers or {})},

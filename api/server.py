@@ -7,7 +7,7 @@ import sys
 
 import uvicorn
 
-from api.app import create_app
+from api.app import create_asgi
 from queue_engine.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ def serve(settings: Settings) -> None:
     """Serve until SIGINT/SIGTERM; pending publishes are committed before exit."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     config = uvicorn.Config(
-        create_app(settings),
+        create_asgi(settings),
         host=settings.host,
         port=settings.port,
         loop="auto",

@@ -56,10 +56,10 @@ class Settings(BaseSettings):
     # In ack=buffer mode, publishers wait for the commit once this much is buffered (backpressure).
     buffer_max_bytes: int = 64 * 1024 * 1024
     # Table upkeep, all off the publish path.
-    # A checkpoint every N commits keeps opening a table and appending to it fast.
-    checkpoint_interval_commits: int = 20
+    # A checkpoint every N commits (Delta's default interval) keeps opening a table fast.
+    checkpoint_interval_commits: int = 100
     # Compact once a table has this many files smaller than compact_target_file_bytes.
-    compact_min_small_files: int = 64
+    compact_min_small_files: int = 200
     compact_target_file_bytes: int = 64 * 1024 * 1024
     # Files removed by compaction are deleted only after this long, so a reader that is behind
     # (the fanout job, a Spark query, time travel) never finds its files gone.
