@@ -60,7 +60,7 @@ def create_app(settings: Settings) -> FastAPI:
     return app
 
 
-def create_asgi(settings: Settings, *, fast_path: bool = True) -> FastAPI | PublishFastPath:
-    """What uvicorn serves: the app, behind the publish fast path unless turned off."""
+def create_asgi(settings: Settings) -> FastAPI | PublishFastPath:
+    """What uvicorn serves: the app, behind the publish fast path unless it is turned off."""
     app = create_app(settings)
-    return PublishFastPath(app) if fast_path else app
+    return PublishFastPath(app) if settings.http_fast_path else app

@@ -49,6 +49,8 @@ async def pub(broker: Broker, params: Mapping[str, str], read: BodyReader) -> No
         await read(limits.max_msg_size_bytes, ErrorCode.MSG_TOO_BIG), limits.max_msg_size_bytes
     )
     name = require_topic(params.get("topic"))
+    # nsqd creates the topic as soon as the name is valid, even if the request fails later.
+    await broker.create_topic(name)
     await broker.publish(name, [body], defer_ms(params.get("defer"), limits.max_req_timeout_ms))
 
 
@@ -60,6 +62,8 @@ async def mpub(
     if content_length is not None and content_length > limits.max_body_size_bytes:
         raise QueueError(ErrorCode.BODY_TOO_BIG)
     name = require_topic(params.get("topic"))
+    # nsqd creates the topic as soon as the name is valid, even if the body is then refused.
+    await broker.create_topic(name)
     body = await read(limits.max_body_size_bytes, ErrorCode.BODY_TOO_BIG)
     binary = params.get("binary")
     if binary is not None and binary not in _FALSE:
@@ -68,9 +72,6 @@ async def mpub(
         messages = split_text(body, limits.max_msg_size_bytes, limits.max_body_size_bytes)
     if messages:
         await broker.publish(name, messages)
-    else:
-        # nsqd creates the topic even when every line was empty.
-        await broker.create_topic(name)
 
 
 # -- FastAPI routes (documentation, and the path used when the fast path is off) -------------

@@ -176,7 +176,9 @@ class Broker:
             return await asyncio.to_thread(self._open_writer, name)
 
     async def create_topic(self, name: str) -> None:
-        await self._create_topic(name)
+        """Create ``name`` if it does not exist (nsqd's GetTopic)."""
+        if name not in self._writers:
+            await self._create_topic(name)
 
     async def delete_topic(self, name: str) -> None:
         async with self._admin:

@@ -1,0 +1,125 @@
+"""Shared fixtures: a real deltaq server (uvicorn subprocess on 127.0.0.1) and table readers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+HOST = "127.0.0.1"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    """A ``deltaq api`` process serving one warehouse."""
+
+    warehouse: Path
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> Server:
+        self.port = self.port or free_port()
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        self.log_path = self.warehouse.parent / f"server-{self.port}.log"
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "deltaq", "api", "--warehouse", str(self.warehouse),
+             "--host", HOST, "--port", str(self.port)],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log()}")
+            try:
+                if httpx.get(f"{self.url}/ping", timeout=1).text == "OK":
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"server did not start: {self.log()}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+    def kill9(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path else ""
+
+    def topic_table(self, topic: str) -> pa.Table:
+        return read_topic(self.warehouse, topic)
+
+
+def read_topic(warehouse: Path, topic: str) -> pa.Table:
+    return DeltaTable(str(warehouse / "topics" / topic.replace("#", "@"))).to_pyarrow_table()
+
+
+@pytest.fixture
+def server_factory(tmp_path: Path) -> Iterator[type[Server]]:
+    started: list[Server] = []
+
+    class _Factory(Server):
+        def start(self, timeout_s: float = 30.0) -> Server:
+            started.append(self)
+            return super().start(timeout_s)
+
+    yield _Factory
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="module", params=["fast-path", "fastapi-routes"])
+def shared_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server per module and front door, with small limits so limit tests stay cheap."""
+    warehouse = tmp_path_factory.mktemp("warehouse") / "wh"
+    server = Server(
+        warehouse,
+        env={
+            "DELTAQ_HTTP_FAST_PATH": "true" if request.param == "fast-path" else "false",
+            "DELTAQ_MAX_MSG_SIZE_BYTES": "1024",
+            "DELTAQ_MAX_BODY_SIZE_BYTES": "4096",
+            "DELTAQ_MAX_REQ_TIMEOUT_MS": "60000",
+        },
+    ).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(shared_server: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=shared_server.url, timeout=30) as c:
+        yield c
