@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
@@ -17,7 +17,7 @@ router = APIRouter(tags=["admin"])
 
 Topic = Annotated[str | None, Query(description="Topic name")]
 Channel = Annotated[str | None, Query(description="Channel name")]
-_OK = {200: {"description": "Done (empty body, as nsqd)"}}
+_OK: dict[int | str, dict[str, Any]] = {200: {"description": "Done (empty body, as nsqd)"}}
 _TOPIC_ERRORS = error_doc(
     ErrorCode.MISSING_ARG_TOPIC, ErrorCode.INVALID_TOPIC, ErrorCode.TOPIC_NOT_FOUND
 )
@@ -38,37 +38,56 @@ def _existing_name(topic: str | None) -> str:
     return topic
 
 
-@router.post("/topic/create", summary="Create a topic", responses={**_OK, **_TOPIC_ERRORS},
-             response_class=Response)
+@router.post(
+    "/topic/create",
+    summary="Create a topic",
+    responses={**_OK, **_TOPIC_ERRORS},
+    response_class=Response,
+)
 async def topic_create(request: Request, topic: Topic = None) -> Response:
     await broker_of(request).create_topic(require_topic(topic))
     return ok_empty()
 
 
-@router.post("/topic/delete", summary="Delete a topic, its channels and their tables",
-             responses={**_OK, **_TOPIC_ERRORS}, response_class=Response)
+@router.post(
+    "/topic/delete",
+    summary="Delete a topic, its channels and their tables",
+    responses={**_OK, **_TOPIC_ERRORS},
+    response_class=Response,
+)
 async def topic_delete(request: Request, topic: Topic = None) -> Response:
     await broker_of(request).delete_topic(_existing_name(topic))
     return ok_empty()
 
 
-@router.post("/topic/empty",
-             summary="Drop the messages the topic holds that no channel has taken yet",
-             responses={**_OK, **_TOPIC_ERRORS}, response_class=Response)
+@router.post(
+    "/topic/empty",
+    summary="Drop the messages the topic holds that no channel has taken yet",
+    responses={**_OK, **_TOPIC_ERRORS},
+    response_class=Response,
+)
 async def topic_empty(request: Request, topic: Topic = None) -> Response:
     await broker_of(request).empty_topic(require_topic(topic))
     return ok_empty()
 
 
-@router.post("/topic/pause", summary="Pause a topic: its messages stop flowing to channels",
-             responses={**_OK, **_TOPIC_ERRORS}, response_class=Response)
+@router.post(
+    "/topic/pause",
+    summary="Pause a topic: its messages stop flowing to channels",
+    responses={**_OK, **_TOPIC_ERRORS},
+    response_class=Response,
+)
 async def topic_pause(request: Request, topic: Topic = None) -> Response:
     await broker_of(request).pause_topic(_existing_name(topic), True)
     return ok_empty()
 
 
-@router.post("/topic/unpause", summary="Unpause a topic", responses={**_OK, **_TOPIC_ERRORS},
-             response_class=Response)
+@router.post(
+    "/topic/unpause",
+    summary="Unpause a topic",
+    responses={**_OK, **_TOPIC_ERRORS},
+    response_class=Response,
+)
 async def topic_unpause(request: Request, topic: Topic = None) -> Response:
     await broker_of(request).pause_topic(_existing_name(topic), False)
     return ok_empty()
@@ -84,33 +103,56 @@ async def _channel_op(
     return ok_empty()
 
 
-@router.post("/channel/create",
-             summary="Create a channel; it receives every message published from now on",
-             responses={**_OK, **_CHANNEL_ERRORS}, response_class=Response)
-async def channel_create(request: Request, topic: Topic = None, channel: Channel = None) -> Response:
+@router.post(
+    "/channel/create",
+    summary="Create a channel; it receives every message published from now on",
+    responses={**_OK, **_CHANNEL_ERRORS},
+    response_class=Response,
+)
+async def channel_create(
+    request: Request, topic: Topic = None, channel: Channel = None
+) -> Response:
     return await _channel_op(request, topic, channel, lambda b, t, c: b.create_channel(t, c))
 
 
-@router.post("/channel/delete", summary="Delete a channel and its tables",
-             responses={**_OK, **_CHANNEL_ERRORS}, response_class=Response)
-async def channel_delete(request: Request, topic: Topic = None, channel: Channel = None) -> Response:
+@router.post(
+    "/channel/delete",
+    summary="Delete a channel and its tables",
+    responses={**_OK, **_CHANNEL_ERRORS},
+    response_class=Response,
+)
+async def channel_delete(
+    request: Request, topic: Topic = None, channel: Channel = None
+) -> Response:
     return await _channel_op(request, topic, channel, lambda b, t, c: b.delete_channel(t, c))
 
 
-@router.post("/channel/empty", summary="Drop every message the channel holds",
-             responses={**_OK, **_CHANNEL_ERRORS}, response_class=Response)
+@router.post(
+    "/channel/empty",
+    summary="Drop every message the channel holds",
+    responses={**_OK, **_CHANNEL_ERRORS},
+    response_class=Response,
+)
 async def channel_empty(request: Request, topic: Topic = None, channel: Channel = None) -> Response:
     return await _channel_op(request, topic, channel, lambda b, t, c: b.empty_channel(t, c))
 
 
-@router.post("/channel/pause", summary="Pause a channel: it delivers nothing until unpaused",
-             responses={**_OK, **_CHANNEL_ERRORS}, response_class=Response)
+@router.post(
+    "/channel/pause",
+    summary="Pause a channel: it delivers nothing until unpaused",
+    responses={**_OK, **_CHANNEL_ERRORS},
+    response_class=Response,
+)
 async def channel_pause(request: Request, topic: Topic = None, channel: Channel = None) -> Response:
     return await _channel_op(request, topic, channel, lambda b, t, c: b.pause_channel(t, c, True))
 
 
-@router.post("/channel/unpause", summary="Unpause a channel",
-             responses={**_OK, **_CHANNEL_ERRORS}, response_class=Response)
+@router.post(
+    "/channel/unpause",
+    summary="Unpause a channel",
+    responses={**_OK, **_CHANNEL_ERRORS},
+    response_class=Response,
+)
 async def channel_unpause(
     request: Request, topic: Topic = None, channel: Channel = None
 ) -> Response:

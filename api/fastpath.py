@@ -53,7 +53,9 @@ class PublishFastPath:
             return
         broker: Broker = self.app.state.broker
         params: dict[str, str] = {}
-        for key, value in parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True):
+        for key, value in parse_qsl(
+            scope["query_string"].decode("latin-1"), keep_blank_values=True
+        ):
             params.setdefault(key, value)
         content_length: int | None = None
         for name, value in scope["headers"]:

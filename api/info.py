@@ -22,8 +22,12 @@ NSQD_API_VERSION = "1.3.0"
 _BOOL = {"true": True, "1": True, "false": False, "0": False}
 
 
-@router.get("/ping", summary="Liveness: OK", response_class=Response,
-            responses={200: {"content": {"text/plain": {"example": "OK"}}}})
+@router.get(
+    "/ping",
+    summary="Liveness: OK",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"example": "OK"}}}},
+)
 async def ping() -> Response:
     return Response("OK", media_type=TEXT_TYPE)
 

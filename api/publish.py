@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
@@ -84,7 +84,9 @@ _RAW_BODY = {
         "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
     }
 }
-_OK = {200: {"description": "Acknowledged", "content": {"text/plain": {"example": "OK"}}}}
+_OK: dict[int | str, dict[str, Any]] = {
+    200: {"description": "Acknowledged", "content": {"text/plain": {"example": "OK"}}}
+}
 TopicParam = Annotated[
     str | None, Query(description="Topic name: 1-64 of [.a-zA-Z0-9_-], optional #ephemeral")
 ]
@@ -111,7 +113,7 @@ def _reader(request: Request) -> BodyReader:
     description=(
         "The raw body is the message. With `defer=MS` the message is not delivered before "
         "MS milliseconds (0..max_req_timeout_ms). `OK` means the message is in a committed "
-        "Delta version (with `ack = \"buffer\"`: queued for the next commit)."
+        'Delta version (with `ack = "buffer"`: queued for the next commit).'
     ),
     response_class=Response,
     responses={

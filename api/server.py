@@ -33,6 +33,7 @@ def serve(settings: Settings) -> None:
         # Long-polling consumers and bursty producers keep connections; so do we.
         timeout_keep_alive=75,
     )
-    log.info("deltaq API on http://%s:%d, warehouse %s", settings.host, settings.port,
-             settings.warehouse)
+    log.info(
+        "deltaq API on http://%s:%d, warehouse %s", settings.host, settings.port, settings.warehouse
+    )
     uvicorn.Server(config).run()

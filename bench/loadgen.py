@@ -72,7 +72,9 @@ async def run_load(
     return result
 
 
-def run(host: str, port: int, path: str, body: bytes, connections: int, duration_s: float) -> LoadResult:
+def run(
+    host: str, port: int, path: str, body: bytes, connections: int, duration_s: float
+) -> LoadResult:
     try:
         import uvloop
 

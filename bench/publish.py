@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadgen import LoadResult, run  # noqa: E402
+from loadgen import LoadResult, run
 
 HOST = "127.0.0.1"
 BODY = b"x" * 200
@@ -52,9 +52,18 @@ def _load(args: tuple[int, str, bytes, int, float], out: mp.Queue) -> None:  # t
     out.put((r.requests, r.errors, r.elapsed_s, r.latencies_s))
 
 
-def _case(port: int, name: str, path: str, body: bytes, per_request: int, conns: int,
-          seconds: float, server: psutil.Process, peak: list[int]) -> dict[str, object]:
-    topic = path.split("topic=")[1].split("&")[0]
+def _case(
+    port: int,
+    name: str,
+    path: str,
+    body: bytes,
+    per_request: int,
+    conns: int,
+    seconds: float,
+    server: psutil.Process,
+    peak: list[int],
+) -> dict[str, object]:
+    topic = path.split("topic=")[1].split("&", maxsplit=1)[0]
     before = _stats(port, topic)
     out: mp.Queue = mp.Queue()  # type: ignore[type-arg]
     proc = mp.Process(target=_load, args=((port, path, body, conns, seconds), out))
@@ -89,7 +98,9 @@ def main() -> int:
         env = {**os.environ, "DELTAQ_ACK": args.ack}
         server = subprocess.Popen(
             [sys.executable, "-m", "deltaq", "api", "--warehouse", warehouse, "--port", str(port)],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         try:
             for _ in range(100):
@@ -114,15 +125,32 @@ def main() -> int:
                 "mpub16": ("/mpub x100", "/mpub?topic=bench_mpub", mpub_body, 100, 16),
             }
             print(f"ack={args.ack}, {args.seconds:.0f} s per case, 200-byte messages")
-            header = ("case", "conns", "msg/s", "p50 ms", "p99 ms", "errors", "msg/commit",
-                      "peak RSS MB")
+            header = (
+                "case",
+                "conns",
+                "msg/s",
+                "p50 ms",
+                "p99 ms",
+                "errors",
+                "msg/commit",
+                "peak RSS MB",
+            )
             print("{:<12}{:>6}{:>10}{:>9}{:>9}{:>8}{:>12}{:>13}".format(*header))
             for key in args.only.split(","):
                 name, path, body, per, conns = cases[key]
                 r = _case(port, name, path, body, per, conns, args.seconds, proc, peak)
-                print("{:<12}{:>6}{:>10}{:>9}{:>9}{:>8}{:>12}{:>13}".format(
-                    r["case"], r["connections"], r["msg_per_s"], r["p50_ms"], r["p99_ms"],
-                    r["errors"], r["msgs_per_commit"], r["server_peak_rss_mb"]))
+                print(
+                    "{:<12}{:>6}{:>10}{:>9}{:>9}{:>8}{:>12}{:>13}".format(
+                        r["case"],
+                        r["connections"],
+                        r["msg_per_s"],
+                        r["p50_ms"],
+                        r["p99_ms"],
+                        r["errors"],
+                        r["msgs_per_commit"],
+                        r["server_peak_rss_mb"],
+                    )
+                )
             stop.set()
         finally:
             server.terminate()

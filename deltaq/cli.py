@@ -18,8 +18,11 @@ def _server(parser: argparse.ArgumentParser) -> None:
     _common(parser)
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (default 4151)")
-    parser.add_argument("--ack", choices=["commit", "buffer"],
-                        help="answer /pub after the Delta commit (default) or once buffered")
+    parser.add_argument(
+        "--ack",
+        choices=["commit", "buffer"],
+        help="answer /pub after the Delta commit (default) or once buffered",
+    )
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -43,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     settings = _settings(args)

@@ -124,9 +124,7 @@ class Broker:
 
     # -- publishing -----------------------------------------------------------------------
 
-    async def publish(
-        self, topic: str, bodies: list[bytes], defer_ms: int | None = None
-    ) -> None:
+    async def publish(self, topic: str, bodies: list[bytes], defer_ms: int | None = None) -> None:
         """Append ``bodies`` to ``topic`` (created if needed); return once acknowledged.
 
         With ``ack = "commit"`` that is after the Delta commit holding them succeeded; with
@@ -260,7 +258,9 @@ class Broker:
             for c in sorted(info.channels.values(), key=lambda c: c.name)
             if not channel or c.name == channel
         ]
-        durations = sorted(self._writers[info.name].commit_seconds) if info.name in self._writers else []
+        durations = (
+            sorted(self._writers[info.name].commit_seconds) if info.name in self._writers else []
+        )
         # Until the fanout job has taken them, messages wait in the topic (nsqd's topic depth).
         depth = max(0, stats.message_count - info.empty_message_count)
         return TopicStats(
@@ -292,8 +292,9 @@ class Broker:
     def _writer_stats(self, name: str) -> CommitStats:
         writer = self._writers.get(name)
         if writer is None:
-            return CommitStats(version=-1, message_count=0, commits=0, committed_messages=0,
-                               committed_bytes=0)
+            return CommitStats(
+                version=-1, message_count=0, commits=0, committed_messages=0, committed_bytes=0
+            )
         return writer.stats()
 
     async def _record(

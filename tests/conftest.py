@@ -47,9 +47,22 @@ class Server:
         self.log_path = self.warehouse.parent / f"server-{self.port}.log"
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "deltaq", "api", "--warehouse", str(self.warehouse),
-             "--host", HOST, "--port", str(self.port)],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+            [
+                sys.executable,
+                "-m",
+                "deltaq",
+                "api",
+                "--warehouse",
+                str(self.warehouse),
+                "--host",
+                HOST,
+                "--port",
+                str(self.port),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -103,7 +116,9 @@ def server_factory(tmp_path: Path) -> Iterator[type[Server]]:
 
 
 @pytest.fixture(scope="module", params=["fast-path", "fastapi-routes"])
-def shared_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def shared_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
     """One server per module and front door, with small limits so limit tests stay cheap."""
     warehouse = tmp_path_factory.mktemp("warehouse") / "wh"
     server = Server(

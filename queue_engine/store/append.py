@@ -58,7 +58,9 @@ class DeltaRsAppender:
     def append(self, table: pa.Table) -> int:
         for attempt in range(1, _ATTEMPTS + 1):
             try:
-                write_deltalake(self._dt, table, mode="append", post_commithook_properties=_NO_HOOKS)
+                write_deltalake(
+                    self._dt, table, mode="append", post_commithook_properties=_NO_HOOKS
+                )
                 return int(self._dt.version())
             except CommitFailedError:
                 # delta-rs raises this only when its own retries found no free version, so the

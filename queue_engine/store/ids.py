@@ -16,7 +16,9 @@ def hex_id_array(first: int, count: int) -> pa.StringArray:
     values = np.arange(first, first + count, dtype=np.uint64)
     nibbles = (values[:, None] >> _SHIFTS) & np.uint64(0xF)
     chars = _HEX_DIGITS[nibbles].reshape(-1)
-    offsets = np.arange(0, MESSAGE_ID_HEX_LENGTH * (count + 1), MESSAGE_ID_HEX_LENGTH, dtype=np.int32)
+    offsets = np.arange(
+        0, MESSAGE_ID_HEX_LENGTH * (count + 1), MESSAGE_ID_HEX_LENGTH, dtype=np.int32
+    )
     array = pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(chars))
     assert isinstance(array, pa.StringArray)
     return array

@@ -89,7 +89,8 @@ def open_or_create(path: str, schema: pa.Schema) -> DeltaTable:
 
 
 def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    return pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
+    fs, path = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
+    return fs, str(path)
 
 
 def delete_tree(uri: str) -> None:

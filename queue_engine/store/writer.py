@@ -10,8 +10,8 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections import deque
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -233,5 +233,7 @@ def _scan(dt: DeltaTable) -> tuple[int, int]:
     if actions.num_rows == 0:
         return 0, 0
     count = int(pa.compute.sum(actions["num_records"]).as_py() or 0)
-    largest = pa.compute.max(actions["max.id"]).as_py() if "max.id" in actions.column_names else None
+    largest = (
+        pa.compute.max(actions["max.id"]).as_py() if "max.id" in actions.column_names else None
+    )
     return (id_from_hex(largest) + 1 if largest else 0), count

@@ -12,8 +12,9 @@ import pytest
 from tests.conftest import HOST, Server, read_topic
 
 
-def _publisher(port: int, topic: str, prefix: str, stop: threading.Event, acked: list[bytes],
-               limit: int) -> None:
+def _publisher(
+    port: int, topic: str, prefix: str, stop: threading.Event, acked: list[bytes], limit: int
+) -> None:
     """Publish unique bodies over one keep-alive connection; record those answered 200 OK."""
     conn = http.client.HTTPConnection(HOST, port, timeout=10)
     try:
@@ -34,14 +35,18 @@ def _publisher(port: int, topic: str, prefix: str, stop: threading.Event, acked:
 
 
 @pytest.mark.slow
-def test_kill9_mid_load_loses_no_acknowledged_message(server_factory: type[Server], tmp_path: Path) -> None:
+def test_kill9_mid_load_loses_no_acknowledged_message(
+    server_factory: type[Server], tmp_path: Path
+) -> None:
     warehouse = tmp_path / "wh"
     server = server_factory(warehouse).start()
     topic = "durable"
     stop = threading.Event()
     acked: list[list[bytes]] = [[] for _ in range(16)]
     threads = [
-        threading.Thread(target=_publisher, args=(server.port, topic, f"p{n}", stop, acked[n], 5000))
+        threading.Thread(
+            target=_publisher, args=(server.port, topic, f"p{n}", stop, acked[n], 5000)
+        )
         for n in range(16)
     ]
     for t in threads:
@@ -72,7 +77,9 @@ def test_kill9_mid_load_loses_no_acknowledged_message(server_factory: type[Serve
     restarted = server_factory(warehouse).start()
     import httpx
 
-    assert httpx.post(f"{restarted.url}/pub", params={"topic": topic}, content=b"after").text == "OK"
+    assert (
+        httpx.post(f"{restarted.url}/pub", params={"topic": topic}, content=b"after").text == "OK"
+    )
     after = read_topic(warehouse, topic)
     assert after.num_rows == table.num_rows + 1
     assert len(set(after["id"].to_pylist())) == after.num_rows
@@ -81,7 +88,9 @@ def test_kill9_mid_load_loses_no_acknowledged_message(server_factory: type[Serve
 
 
 @pytest.mark.slow
-def test_concurrent_publishers_no_loss_no_duplicates(server_factory: type[Server], tmp_path: Path) -> None:
+def test_concurrent_publishers_no_loss_no_duplicates(
+    server_factory: type[Server], tmp_path: Path
+) -> None:
     server = server_factory(tmp_path / "wh").start()
     topic = "busy"
     stop = threading.Event()
@@ -103,17 +112,26 @@ def test_concurrent_publishers_no_loss_no_duplicates(server_factory: type[Server
     # Group commit: far fewer Delta commits than messages.
     import httpx
 
-    t = httpx.get(f"{server.url}/stats", params={"format": "json", "topic": topic}).json()["topics"][0]
+    t = httpx.get(f"{server.url}/stats", params={"format": "json", "topic": topic}).json()[
+        "topics"
+    ][0]
     assert t["delta_commits"] < len(ids)
 
 
-def test_restart_keeps_registry_and_deferred_messages(server_factory: type[Server], tmp_path: Path) -> None:
+def test_restart_keeps_registry_and_deferred_messages(
+    server_factory: type[Server], tmp_path: Path
+) -> None:
     import httpx
 
     warehouse = tmp_path / "wh"
     server = server_factory(warehouse).start()
     url = server.url
-    assert httpx.post(f"{url}/pub", params={"topic": "t", "defer": "3600000"}, content=b"d").status_code == 200
+    assert (
+        httpx.post(
+            f"{url}/pub", params={"topic": "t", "defer": "3600000"}, content=b"d"
+        ).status_code
+        == 200
+    )
     httpx.post(f"{url}/channel/create", params={"topic": "t", "channel": "c"})
     httpx.post(f"{url}/channel/create", params={"topic": "t", "channel": "gone"})
     httpx.post(f"{url}/channel/delete", params={"topic": "t", "channel": "gone"})
@@ -129,16 +147,22 @@ def test_restart_keeps_registry_and_deferred_messages(server_factory: type[Serve
     assert by_name["t"]["paused"] is True
     assert [(c["channel_name"], c["paused"]) for c in by_name["t"]["channels"]] == [("c", True)]
     row = read_topic(warehouse, "t").to_pylist()[0]
-    assert (row["deliver_at"] - row["published_at"]).total_seconds() == pytest.approx(3600, abs=0.001)
+    assert (row["deliver_at"] - row["published_at"]).total_seconds() == pytest.approx(
+        3600, abs=0.001
+    )
 
 
-def test_failed_commit_answers_5xx_and_writes_nothing(server_factory: type[Server], tmp_path: Path) -> None:
+def test_failed_commit_answers_5xx_and_writes_nothing(
+    server_factory: type[Server], tmp_path: Path
+) -> None:
     import httpx
     from deltalake import DeltaTable
 
     warehouse = tmp_path / "wh"
     server = server_factory(warehouse).start()
-    assert httpx.post(f"{server.url}/pub", params={"topic": "f"}, content=b"first").status_code == 200
+    assert (
+        httpx.post(f"{server.url}/pub", params={"topic": "f"}, content=b"first").status_code == 200
+    )
     table_path = warehouse / "topics" / "f"
     version = DeltaTable(str(table_path)).version()
     # Make the next log entry impossible to create: a directory squats on its name.
@@ -149,5 +173,7 @@ def test_failed_commit_answers_5xx_and_writes_nothing(server_factory: type[Serve
     assert r.json() == {"message": "E_COMMIT_FAILED"}
     blocker.rmdir()
     assert DeltaTable(str(table_path)).version() == version
-    assert httpx.post(f"{server.url}/pub", params={"topic": "f"}, content=b"second").status_code == 200
+    assert (
+        httpx.post(f"{server.url}/pub", params={"topic": "f"}, content=b"second").status_code == 200
+    )
     assert sorted(read_topic(warehouse, "f")["body"].to_pylist()) == [b"first", b"second"]

@@ -72,13 +72,29 @@ def test_stats_json_shape_and_filters(client: httpx.Client) -> None:
     only_a = stats(client, topic=a)["topics"]
     assert [t["topic_name"] for t in only_a] == [a]
     t = only_a[0]
-    for key in ("depth", "backend_depth", "message_count", "message_bytes", "paused",
-                "e2e_processing_latency", "channels"):
+    for key in (
+        "depth",
+        "backend_depth",
+        "message_count",
+        "message_bytes",
+        "paused",
+        "e2e_processing_latency",
+        "channels",
+    ):
         assert key in t
     assert t["message_count"] == 1 and t["depth"] == 1 and t["message_bytes"] == 1
     assert [c["channel_name"] for c in t["channels"]] == ["c1", "c2"]
-    for key in ("depth", "in_flight_count", "deferred_count", "message_count", "requeue_count",
-                "timeout_count", "client_count", "paused", "clients"):
+    for key in (
+        "depth",
+        "in_flight_count",
+        "deferred_count",
+        "message_count",
+        "requeue_count",
+        "timeout_count",
+        "client_count",
+        "paused",
+        "clients",
+    ):
         assert key in t["channels"][0]
     one = stats(client, topic=a, channel="c2")["topics"][0]["channels"]
     assert [c["channel_name"] for c in one] == ["c2"]
@@ -113,8 +129,14 @@ def test_pub_appends_one_row(client: httpx.Client, shared_server: Server) -> Non
 
 def test_pub_defer_stores_deliver_at(client: httpx.Client, shared_server: Server) -> None:
     topic = topic_name("defer")
-    assert client.post("/pub", params={"topic": topic, "defer": "30000"}, content=b"later").status_code == 200
-    assert client.post("/pub", params={"topic": topic, "defer": "0"}, content=b"now").status_code == 200
+    assert (
+        client.post("/pub", params={"topic": topic, "defer": "30000"}, content=b"later").status_code
+        == 200
+    )
+    assert (
+        client.post("/pub", params={"topic": topic, "defer": "0"}, content=b"now").status_code
+        == 200
+    )
     rows = {r["body"]: r for r in shared_server.topic_table(topic).to_pylist()}
     later = rows[b"later"]
     delta = later["deliver_at"] - later["published_at"]
@@ -136,14 +158,20 @@ def test_pub_max_defer_is_allowed(client: httpx.Client) -> None:
 def test_pub_errors(client: httpx.Client, shared_server: Server) -> None:
     assert_error(client.post("/pub", content=b"x"), 400, "MISSING_ARG_TOPIC")
     assert_error(client.post("/pub", params={"topic": ""}, content=b"x"), 400, "INVALID_TOPIC")
-    assert_error(client.post("/pub", params={"topic": "a" * 65}, content=b"x"), 400, "INVALID_TOPIC")
-    assert_error(client.post("/pub", params={"topic": "bad/name"}, content=b"x"), 400, "INVALID_TOPIC")
+    assert_error(
+        client.post("/pub", params={"topic": "a" * 65}, content=b"x"), 400, "INVALID_TOPIC"
+    )
+    assert_error(
+        client.post("/pub", params={"topic": "bad/name"}, content=b"x"), 400, "INVALID_TOPIC"
+    )
     assert_error(client.post("/pub", params={"topic": ".."}, content=b"x"), 400, "INVALID_TOPIC")
     assert_error(client.post("/pub", params={"topic": "ok"}, content=b""), 400, "MSG_EMPTY")
     # Body checks come before topic checks, as in nsqd.
     assert_error(client.post("/pub", content=b""), 400, "MSG_EMPTY")
     topic = topic_name("big")
-    assert_error(client.post("/pub", params={"topic": topic}, content=b"x" * 1025), 413, "MSG_TOO_BIG")
+    assert_error(
+        client.post("/pub", params={"topic": topic}, content=b"x" * 1025), 413, "MSG_TOO_BIG"
+    )
     assert client.post("/pub", params={"topic": topic}, content=b"x" * 1024).status_code == 200
     assert shared_server.topic_table(topic).num_rows == 1
 
@@ -197,7 +225,9 @@ def test_mpub_only_empty_lines_creates_topic(client: httpx.Client) -> None:
 def test_mpub_binary(client: httpx.Client, shared_server: Server) -> None:
     topic = topic_name("mb")
     messages = [b"a\nb", b"\x00\x01", b"x" * 1024]
-    r = client.post("/mpub", params={"topic": topic, "binary": "true"}, content=encode_binary(messages))
+    r = client.post(
+        "/mpub", params={"topic": topic, "binary": "true"}, content=encode_binary(messages)
+    )
     assert r.status_code == 200, r.text
     assert sorted(shared_server.topic_table(topic)["body"].to_pylist()) == sorted(messages)
 
@@ -205,13 +235,21 @@ def test_mpub_binary(client: httpx.Client, shared_server: Server) -> None:
 def test_mpub_binary_trailing_bytes_ignored(client: httpx.Client, shared_server: Server) -> None:
     topic = topic_name("trail")
     body = encode_binary([b"one"]) + b"junk"
-    assert client.post("/mpub", params={"topic": topic, "binary": "1"}, content=body).status_code == 200
+    assert (
+        client.post("/mpub", params={"topic": topic, "binary": "1"}, content=body).status_code
+        == 200
+    )
     assert shared_server.topic_table(topic)["body"].to_pylist() == [b"one"]
 
 
 def test_mpub_binary_false_means_text(client: httpx.Client, shared_server: Server) -> None:
     topic = topic_name("bf")
-    assert client.post("/mpub", params={"topic": topic, "binary": "false"}, content=b"a\nb").status_code == 200
+    assert (
+        client.post(
+            "/mpub", params={"topic": topic, "binary": "false"}, content=b"a\nb"
+        ).status_code
+        == 200
+    )
     assert shared_server.topic_table(topic).num_rows == 2
 
 
@@ -231,7 +269,9 @@ def test_mpub_binary_false_means_text(client: httpx.Client, shared_server: Serve
         (struct.pack(">ii", 2, 1) + b"a" + struct.pack(">i", 3) + b"b", "BAD_MESSAGE"),
     ],
 )
-def test_mpub_binary_errors(client: httpx.Client, shared_server: Server, body: bytes, code: str) -> None:
+def test_mpub_binary_errors(
+    client: httpx.Client, shared_server: Server, body: bytes, code: str
+) -> None:
     topic = topic_name("be")
     r = client.post("/mpub", params={"topic": topic, "binary": "true"}, content=body)
     assert_error(r, 413, code)
@@ -241,16 +281,23 @@ def test_mpub_binary_errors(client: httpx.Client, shared_server: Server, body: b
 
 def test_mpub_errors(client: httpx.Client) -> None:
     assert_error(client.post("/mpub", content=b"a"), 400, "MISSING_ARG_TOPIC")
-    assert_error(client.post("/mpub", params={"topic": "no spaces"}, content=b"a"), 400, "INVALID_TOPIC")
+    assert_error(
+        client.post("/mpub", params={"topic": "no spaces"}, content=b"a"), 400, "INVALID_TOPIC"
+    )
     topic = topic_name("me")
-    assert_error(client.post("/mpub", params={"topic": topic}, content=b"x" * 4097), 413, "BODY_TOO_BIG")
+    assert_error(
+        client.post("/mpub", params={"topic": topic}, content=b"x" * 4097), 413, "BODY_TOO_BIG"
+    )
     # BODY_TOO_BIG is decided on Content-Length before the topic is looked at, as nsqd does.
     assert_error(client.post("/mpub", content=b"x" * 4097), 413, "BODY_TOO_BIG")
     too_long_line = b"ok\n" + b"y" * 1025
-    assert_error(client.post("/mpub", params={"topic": topic}, content=too_long_line), 413, "MSG_TOO_BIG")
+    assert_error(
+        client.post("/mpub", params={"topic": topic}, content=too_long_line), 413, "MSG_TOO_BIG"
+    )
     assert_error(
         client.post("/mpub", params={"topic": topic, "binary": "true"}, content=b"x" * 4097),
-        413, "BODY_TOO_BIG",
+        413,
+        "BODY_TOO_BIG",
     )
     assert topic_stats(client, topic)["message_count"] == 0
 
@@ -281,7 +328,9 @@ def test_openapi_lists_the_api(client: httpx.Client) -> None:
 # -- topics --------------------------------------------------------------------------------
 
 
-def test_topic_create_pause_unpause_empty_delete(client: httpx.Client, shared_server: Server) -> None:
+def test_topic_create_pause_unpause_empty_delete(
+    client: httpx.Client, shared_server: Server
+) -> None:
     topic = topic_name("adm")
     r = client.post("/topic/create", params={"topic": topic})
     assert (r.status_code, r.text) == (200, "")
@@ -317,7 +366,9 @@ def test_topic_create_pause_unpause_empty_delete(client: httpx.Client, shared_se
 @pytest.mark.parametrize("op", ["delete", "pause", "unpause", "empty"])
 def test_topic_ops_on_missing_topic(client: httpx.Client, op: str) -> None:
     assert_error(client.post(f"/topic/{op}"), 400, "MISSING_ARG_TOPIC")
-    assert_error(client.post(f"/topic/{op}", params={"topic": topic_name("missing")}), 404, "TOPIC_NOT_FOUND")
+    assert_error(
+        client.post(f"/topic/{op}", params={"topic": topic_name("missing")}), 404, "TOPIC_NOT_FOUND"
+    )
 
 
 def test_topic_create_and_empty_validate_names(client: httpx.Client) -> None:
@@ -331,36 +382,62 @@ def test_topic_create_and_empty_validate_names(client: httpx.Client) -> None:
 
 def test_channel_lifecycle(client: httpx.Client, shared_server: Server) -> None:
     topic = topic_name("ch")
-    assert_error(client.post("/channel/create", params={"topic": topic, "channel": "c"}), 404,
-                 "TOPIC_NOT_FOUND")
+    assert_error(
+        client.post("/channel/create", params={"topic": topic, "channel": "c"}),
+        404,
+        "TOPIC_NOT_FOUND",
+    )
     client.post("/topic/create", params={"topic": topic})
     r = client.post("/channel/create", params={"topic": topic, "channel": "c"})
     assert (r.status_code, r.text) == (200, "")
-    assert client.post("/channel/create", params={"topic": topic, "channel": "c"}).status_code == 200
-    assert client.post("/channel/create", params={"topic": topic, "channel": "e#ephemeral"}).status_code == 200
+    assert (
+        client.post("/channel/create", params={"topic": topic, "channel": "c"}).status_code == 200
+    )
+    assert (
+        client.post(
+            "/channel/create", params={"topic": topic, "channel": "e#ephemeral"}
+        ).status_code
+        == 200
+    )
 
     def channel(name: str) -> dict:  # type: ignore[type-arg]
         return next(c for c in topic_stats(client, topic)["channels"] if c["channel_name"] == name)
 
     assert client.post("/channel/pause", params={"topic": topic, "channel": "c"}).status_code == 200
     assert channel("c")["paused"] is True
-    assert client.post("/channel/unpause", params={"topic": topic, "channel": "c"}).status_code == 200
+    assert (
+        client.post("/channel/unpause", params={"topic": topic, "channel": "c"}).status_code == 200
+    )
     assert channel("c")["paused"] is False
     assert client.post("/channel/empty", params={"topic": topic, "channel": "c"}).status_code == 200
-    assert client.post("/channel/delete", params={"topic": topic, "channel": "c"}).status_code == 200
+    assert (
+        client.post("/channel/delete", params={"topic": topic, "channel": "c"}).status_code == 200
+    )
     assert [c["channel_name"] for c in topic_stats(client, topic)["channels"]] == ["e#ephemeral"]
     for op in ("delete", "pause", "unpause", "empty"):
-        assert_error(client.post(f"/channel/{op}", params={"topic": topic, "channel": "c"}), 404,
-                     "CHANNEL_NOT_FOUND")
-        assert_error(client.post(f"/channel/{op}", params={"topic": topic_name("x"), "channel": "c"}),
-                     404, "TOPIC_NOT_FOUND")
+        assert_error(
+            client.post(f"/channel/{op}", params={"topic": topic, "channel": "c"}),
+            404,
+            "CHANNEL_NOT_FOUND",
+        )
+        assert_error(
+            client.post(f"/channel/{op}", params={"topic": topic_name("x"), "channel": "c"}),
+            404,
+            "TOPIC_NOT_FOUND",
+        )
 
 
 @pytest.mark.parametrize("op", ["create", "delete", "pause", "unpause", "empty"])
 def test_channel_ops_validate_args(client: httpx.Client, op: str) -> None:
     path = f"/channel/{op}"
     assert_error(client.post(path, params={"channel": "c"}), 400, "MISSING_ARG_TOPIC")
-    assert_error(client.post(path, params={"topic": "bad name", "channel": "c"}), 400, "INVALID_TOPIC")
+    assert_error(
+        client.post(path, params={"topic": "bad name", "channel": "c"}), 400, "INVALID_TOPIC"
+    )
     assert_error(client.post(path, params={"topic": "t"}), 400, "MISSING_ARG_CHANNEL")
-    assert_error(client.post(path, params={"topic": "t", "channel": "bad/c"}), 400, "INVALID_CHANNEL")
-    assert_error(client.post(path, params={"topic": "t", "channel": "c" * 65}), 400, "INVALID_CHANNEL")
+    assert_error(
+        client.post(path, params={"topic": "t", "channel": "bad/c"}), 400, "INVALID_CHANNEL"
+    )
+    assert_error(
+        client.post(path, params={"topic": "t", "channel": "c" * 65}), 400, "INVALID_CHANNEL"
+    )

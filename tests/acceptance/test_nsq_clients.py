@@ -45,8 +45,9 @@ def test_nsq_documented_curl_recipes(shared_server: Server) -> None:
     url = shared_server.url
 
     def curl(*args: str) -> str:
-        return subprocess.run(["curl", "-s", *args], check=True, capture_output=True, text=True,
-                              timeout=30).stdout
+        return subprocess.run(
+            ["curl", "-s", *args], check=True, capture_output=True, text=True, timeout=30
+        ).stdout
 
     # From nsqd's HTTP API documentation.
     assert curl("-d", "<message>", f"{url}/pub?topic=curl_topic") == "OK"

@@ -1,0 +1,236 @@
+"""The group-commit writer and both append paths, on real Delta tables in tmp_path."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from queue_engine.store.append import DeltaRsAppender, LocalAppender, appender_for
+from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
+from queue_engine.store.tables import TOPIC_SCHEMA, open_or_create
+from queue_engine.store.writer import TopicWriter, WriterClosedError
+
+
+class Results:
+    """Collects writer notifications; lets a test wait for a number of tokens."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.done: dict[Any, BaseException | None] = {}
+
+    def __call__(self, tokens: list[Any], error: BaseException | None) -> None:
+        with self.cond:
+            for t in tokens:
+                self.done[t] = error
+            self.cond.notify_all()
+
+    def wait(self, count: int, timeout: float = 30) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.done) >= count, timeout)
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["local-fast-path", "delta-rs"])
+def test_group_commit_batches_and_keeps_everything(tmp_path: Path, fast: bool) -> None:
+    results = Results()
+    path = str(tmp_path / "t")
+    writer = TopicWriter(path, results, commit_max_bytes=1 << 20, fast_appends=fast)
+    for i in range(200):
+        writer.submit([f"m{i}-a".encode(), f"m{i}-b".encode()], now_us(), None, i)
+    results.wait(200)
+    writer.close()
+    assert all(e is None for e in results.done.values())
+    table = DeltaTable(path).to_pyarrow_table()
+    assert table.num_rows == 400
+    ids = table["id"].to_pylist()
+    assert len(set(ids)) == 400
+    stats = writer.stats()
+    assert stats.message_count == 400 and stats.committed_bytes == sum(
+        len(b) for b in table["body"].to_pylist()
+    )
+    # Submissions that arrive during a commit share the next one.
+    assert stats.commits < 200
+    # Ids increase in publish order within the table.
+    by_body = {b: i for b, i in zip(table["body"].to_pylist(), ids, strict=True)}
+    assert by_body[b"m0-a"] < by_body[b"m0-b"] < by_body[b"m199-a"]
+
+
+def test_deliver_at_and_mixed_batches(tmp_path: Path) -> None:
+    results = Results()
+    path = str(tmp_path / "t")
+    writer = TopicWriter(path, results, commit_max_bytes=1 << 20)
+    t0 = now_us()
+    writer.submit([b"now"], t0, None, "a")
+    writer.submit([b"later1", b"later2"], t0, t0 + 5_000_000, "b")
+    results.wait(2)
+    writer.close()
+    rows = {r["body"]: r for r in DeltaTable(path).to_pyarrow_table().to_pylist()}
+    assert rows[b"now"]["deliver_at"] is None
+    for key in (b"later1", b"later2"):
+        assert (rows[key]["deliver_at"] - rows[key]["published_at"]).total_seconds() == 5.0
+
+
+def test_reopened_writer_continues_ids_above_existing(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    results = Results()
+    w1 = TopicWriter(path, results, commit_max_bytes=1 << 20)
+    w1.submit([b"x"] * 10, now_us(), None, 1)
+    results.wait(1)
+    w1.close()
+    first_max = max(DeltaTable(path).to_pyarrow_table()["id"].to_pylist())
+    w2 = TopicWriter(path, results, commit_max_bytes=1 << 20)
+    assert w2.stats().message_count == 10
+    w2.submit([b"y"], now_us(), None, 2)
+    results.wait(2)
+    w2.close()
+    table = DeltaTable(path).to_pyarrow_table()
+    new_id = next(r["id"] for r in table.to_pylist() if r["body"] == b"y")
+    assert new_id > first_max
+
+
+def test_a_failing_batch_commits_nothing_and_later_batches_succeed(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    results = Results()
+    writer = TopicWriter(path, results, commit_max_bytes=1 << 20)
+    writer.submit([b"ok1"], now_us(), None, "ok1")
+    results.wait(1)
+    version = DeltaTable(path).version()
+    blocker = Path(path) / "_delta_log" / f"{version + 1:020d}.json"
+    blocker.mkdir()
+    writer.submit([b"lost1", b"lost2"], now_us(), None, "bad")
+    results.wait(2)
+    assert results.done["bad"] is not None
+    blocker.rmdir()
+    writer.submit([b"ok2"], now_us(), None, "ok2")
+    results.wait(3)
+    writer.close()
+    assert results.done["ok2"] is None
+    assert sorted(DeltaTable(path).to_pyarrow_table()["body"].to_pylist()) == [b"ok1", b"ok2"]
+    with pytest.raises(WriterClosedError):
+        writer.submit([b"z"], now_us(), None, "z")
+
+
+def test_commit_max_bytes_splits_batches(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    results = Results()
+    writer = TopicWriter(path, results, commit_max_bytes=100)
+    gate = threading.Event()
+    for i in range(10):
+        writer.submit([b"x" * 60], now_us(), None, i)
+    gate.set()
+    results.wait(10)
+    writer.close()
+    # No commit carries more than max bytes unless a single publish alone exceeds it.
+    assert writer.stats().commits == 10
+
+
+def _batch(n: int, first: int = 0) -> pa.Table:
+    from queue_engine.store.writer import _Publish, _to_arrow
+
+    return _to_arrow([_Publish([b"b"] * n, n, now_us(), None, None)], first, n)
+
+
+def test_local_appender_races_with_delta_rs_writers_and_compaction(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    open_or_create(path, TOPIC_SCHEMA)
+    fast = LocalAppender(path)
+    errors: list[BaseException] = []
+
+    def other_writer() -> None:
+        try:
+            dt = DeltaTable(path)
+            for i in range(30):
+                write_deltalake(dt, _batch(3, 1_000_000 + i * 3), mode="append")
+        except BaseException as exc:
+            errors.append(exc)
+
+    def compactor() -> None:
+        try:
+            for _ in range(5):
+                DeltaTable(path).optimize.compact()
+                time.sleep(0.05)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=other_writer), threading.Thread(target=compactor)]
+    for t in threads:
+        t.start()
+    versions = [fast.append(_batch(2, i * 2)) for i in range(60)]
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(set(versions)) == 60
+    table = DeltaTable(path).to_pyarrow_table()
+    assert table.num_rows == 60 * 2 + 30 * 3
+    assert len(set(table["id"].to_pylist())) == table.num_rows
+
+
+def test_local_appender_output_has_exact_stats(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    open_or_create(path, TOPIC_SCHEMA)
+    LocalAppender(path).append(_batch(5, 0x10))
+    actions = pa.table(DeltaTable(path).get_add_actions(flatten=True)).to_pylist()
+    assert len(actions) == 1
+    a = actions[0]
+    assert a["num_records"] == 5
+    assert (a["min.id"], a["max.id"]) == ("0000000000000010", "0000000000000014")
+    # Stats are used for skipping: a filter must see exactly the matching rows.
+    import pyarrow.dataset as ds
+
+    dataset = DeltaTable(path).to_pyarrow_dataset()
+    assert dataset.to_table(filter=ds.field("id") >= "0000000000000013").num_rows == 2
+
+
+def test_fast_path_only_for_plain_local_tables(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    open_or_create(path, TOPIC_SCHEMA)
+    assert isinstance(appender_for(path), LocalAppender)
+    assert isinstance(appender_for(path, allow_fast=False), DeltaRsAppender)
+    cdf = str(tmp_path / "cdf")
+    DeltaTable.create(
+        cdf, schema=TOPIC_SCHEMA, configuration={"delta.enableChangeDataFeed": "true"}
+    )
+    assert isinstance(appender_for(cdf), DeltaRsAppender)
+
+
+def test_maintenance_checkpoints_compacts_and_keeps_old_versions_readable(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    open_or_create(path, TOPIC_SCHEMA)
+    fast = LocalAppender(path)
+    for i in range(30):
+        fast.append(_batch(2, i * 2))
+    old_version = 10
+    old_rows = DeltaTable(path, version=old_version).to_pyarrow_table().num_rows
+    reopened: list[str] = []
+    m = Maintenance(
+        MaintenancePolicy(
+            checkpoint_interval_commits=5,
+            compact_min_small_files=10,
+            compact_target_file_bytes=1 << 20,
+            vacuum_retention_hours=168,
+            vacuum_interval_s=0,
+            interval_ms=10,
+        ),
+        on_checkpoint=reopened.append,
+    )
+    m.upkeep(path)
+    assert m.compactions == 1 and m.checkpoints == 1 and reopened == [path]
+    dt = DeltaTable(path)
+    assert len(dt.file_uris()) == 1
+    assert dt.to_pyarrow_table().num_rows == 60
+    assert (Path(path) / "_delta_log" / "_last_checkpoint").exists()
+    # Vacuum ran (interval 0) but kept the compacted-away files: a lagging reader still reads.
+    assert DeltaTable(path, version=old_version).to_pyarrow_table().num_rows == old_rows
+    # Appends go on after compaction and checkpoint.
+    fast.reopen()
+    fast.append(_batch(1, 1000))
+    assert DeltaTable(path).to_pyarrow_table().num_rows == 61

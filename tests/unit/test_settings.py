@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from queue_engine.settings import AckMode, Settings, load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_conf_default_toml_says_what_the_defaults_are() -> None:
+    assert load_settings(str(ROOT / "conf" / "default.toml")) == Settings()
+
+
+def test_nsqd_defaults() -> None:
+    s = Settings()
+    assert (s.msg_timeout_ms, s.max_msg_timeout_ms, s.max_req_timeout_ms) == (
+        60_000,
+        900_000,
+        3_600_000,
+    )
+    assert (s.max_msg_size_bytes, s.max_body_size_bytes, s.max_rdy_count) == (
+        1 << 20,
+        5 << 20,
+        2500,
+    )
+    assert s.ack is AckMode.COMMIT
+
+
+def test_precedence_flag_over_env_over_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = tmp_path / "c.toml"
+    conf.write_text('port = 1111\nwarehouse = "from-file"\nack = "buffer"\n')
+    s = load_settings(str(conf))
+    assert (s.port, s.warehouse, s.ack) == (1111, "from-file", AckMode.BUFFER)
+    monkeypatch.setenv("DELTAQ_PORT", "2222")
+    assert load_settings(str(conf)).port == 2222
+    assert load_settings(str(conf), port=3333, warehouse=None).port == 3333
+    assert load_settings(str(conf), warehouse=None).warehouse == "from-file"
+
+
+def test_unknown_keys_are_rejected(tmp_path: Path) -> None:
+    conf = tmp_path / "c.toml"
+    conf.write_text("no_such_setting = 1\n")
+    with pytest.raises(ValueError):
+        load_settings(str(conf))
