@@ -40,10 +40,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _server(sub.add_parser("api", help="serve the HTTP API"))
     _server(sub.add_parser("up", help="run everything on this machine (the embedded default)"))
+    sub.add_parser("fanout", help="run the fanout job (see: deltaq fanout --help)", add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "fanout":
+        from jobs.fanout import main as fanout_main
+
+        return fanout_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,

@@ -208,25 +208,49 @@ class Broker:
     # -- channels -------------------------------------------------------------------------
 
     async def create_channel(self, topic: str, channel: str) -> None:
-        """Create ``channel``: it receives every message committed to ``topic`` from now on."""
+        """Create ``channel``: it receives every message committed to ``topic`` from now on
+        (and, if it is the topic's only channel, what the topic buffered before it)."""
         async with self._admin:
             info = self.registry.existing_topic(topic)
             if channel in info.channels:
                 return
-            stats = self._writer_stats(topic)
-            await self._record(
-                Action.CHANNEL_CREATE,
-                topic,
-                channel,
-                topic_version=stats.version,
-                topic_messages=stats.message_count,
-            )
+            await self._record_at_topic_version(Action.CHANNEL_CREATE, info, channel)
 
     async def delete_channel(self, topic: str, channel: str) -> None:
         async with self._admin:
             self.registry.existing_channel(topic, channel)
-            await self._record(Action.CHANNEL_DELETE, topic, channel)
+            info = self.registry.existing_topic(topic)
+            await self._record_at_topic_version(Action.CHANNEL_DELETE, info, channel)
             await asyncio.to_thread(delete_tree, self.warehouse.channel_root(topic, channel))
+
+    async def _record_at_topic_version(self, action: Action, info: TopicInfo, channel: str) -> None:
+        """Record a channel event stamped with the topic version, with no topic commit between
+        reading that version and committing the event.
+
+        The fanout decides from the registry which channels get a topic version; if a message
+        could be committed after the version was read but before the event, a fanout batch could
+        see the message without the channel, and the channel would miss it.
+        """
+        writer = self._writers[info.name]
+
+        def record() -> RegistryEvent:
+            with writer.exclusive():
+                version = writer.stats().version
+                start = version
+                if action is Action.CHANNEL_CREATE:
+                    start = self.registry.first_channel_start(info, version)
+                event = self._event(
+                    action,
+                    info.name,
+                    channel,
+                    topic_version=start,
+                    topic_messages=writer.stats().message_count,
+                )
+                assert self._registry_store is not None
+                self._registry_store.append(event)
+                return event
+
+        self.registry.apply(await asyncio.to_thread(record))
 
     async def pause_channel(self, topic: str, channel: str, paused: bool) -> None:
         async with self._admin:
@@ -308,7 +332,22 @@ class Broker:
     ) -> None:
         """Commit a registry event, then apply it: memory never runs ahead of the table."""
         assert self._registry_store is not None, "broker not started"
-        event = RegistryEvent(
+        event = self._event(
+            action, topic, channel, topic_version=topic_version, topic_messages=topic_messages
+        )
+        await asyncio.to_thread(self._registry_store.append, event)
+        self.registry.apply(event)
+
+    def _event(
+        self,
+        action: Action,
+        topic: str,
+        channel: str | None,
+        *,
+        topic_version: int | None,
+        topic_messages: int | None,
+    ) -> RegistryEvent:
+        return RegistryEvent(
             seq=self.registry.next_seq(),
             at_us=time.time_ns() // 1000,
             action=action,
@@ -317,8 +356,6 @@ class Broker:
             topic_version=topic_version,
             topic_messages=topic_messages,
         )
-        await asyncio.to_thread(self._registry_store.append, event)
-        self.registry.apply(event)
 
 
 def _resolve(futures: Iterable[asyncio.Future[None]], error: BaseException | None) -> None:

@@ -62,7 +62,13 @@ class ChannelInfo:
 class TopicInfo:
     name: str
     created_at_us: int
+    # The registry seq of this topic's creation: tells a re-created topic from the deleted one.
+    created_seq: int = 0
     paused: bool = False
+    # Messages committed at or before this version have gone to some channel: the topic held
+    # channels then. A channel created when the topic has none starts here (nsqd: the first
+    # channel receives what the topic buffered while it had no channel).
+    drained_version: int = -1
     # Messages committed at or before this topic version were emptied (nsqd's topic/empty).
     empty_version: int = -1
     empty_message_count: int = 0
@@ -94,7 +100,9 @@ class Registry:
         match event.action:
             case Action.TOPIC_CREATE:
                 if topic is None:
-                    self.topics[event.topic] = TopicInfo(event.topic, event.at_us)
+                    self.topics[event.topic] = TopicInfo(
+                        event.topic, event.at_us, created_seq=event.seq
+                    )
             case Action.TOPIC_DELETE:
                 self.topics.pop(event.topic, None)
             case Action.TOPIC_PAUSE | Action.TOPIC_UNPAUSE if topic is not None:
@@ -115,12 +123,24 @@ class Registry:
                     return
                 if event.action is Action.CHANNEL_DELETE:
                     del topic.channels[event.channel]
+                    if not topic.channels and event.topic_version is not None:
+                        topic.drained_version = max(topic.drained_version, event.topic_version)
                 elif event.action is Action.CHANNEL_EMPTY:
                     channel.emptied_at_us = event.at_us
                 else:
                     channel.paused = event.action is Action.CHANNEL_PAUSE
             case _:
                 return
+
+    def first_channel_start(self, topic: TopicInfo, current_version: int) -> int:
+        """The start version of a channel being created now on ``topic``.
+
+        A channel receives the messages committed after its start version: the current version
+        normally; for a topic that has no channel, everything not yet drained or emptied.
+        """
+        if topic.channels:
+            return current_version
+        return max(topic.drained_version, topic.empty_version)
 
     def existing_topic(self, name: str) -> TopicInfo:
         topic = self.topics.get(name)

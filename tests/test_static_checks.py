@@ -26,5 +26,5 @@ def test_ruff_clean() -> None:
 
 
 def test_mypy_strict_on_queue_engine() -> None:
-    result = _run("mypy", "--strict", "queue_engine", "api", "deltaq")
+    result = _run("mypy", "--strict", "queue_engine", "api", "deltaq", "jobs")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -27,6 +27,12 @@ TOPIC_SCHEMA = pa.schema(
     ]
 )
 
+# channels/<t>/<c>/messages: the topic's rows each channel receives, with the topic version
+# each came from (append-only; written by the fanout job).
+CHANNEL_MESSAGES_SCHEMA = pa.schema(
+    [*TOPIC_SCHEMA, pa.field("topic_version", pa.int64(), nullable=False)]
+)
+
 # registry: one row per create/delete/pause/unpause/empty of a topic or channel, append-only.
 REGISTRY_SCHEMA = pa.schema(
     [
@@ -70,6 +76,13 @@ class Warehouse:
 
     def channel_root(self, topic: str, channel: str) -> str:
         return self._join("channels", path_segment(topic), path_segment(channel))
+
+    def channel_messages_path(self, topic: str, channel: str) -> str:
+        return f"{self.channel_root(topic, channel)}/messages"
+
+    @property
+    def checkpoints_root(self) -> str:
+        return self._join("_checkpoints")
 
 
 def open_or_create(path: str, schema: pa.Schema) -> DeltaTable:

@@ -84,6 +84,8 @@ class TopicWriter:
         # Durations of the latest commits, for /stats and benchmarks.
         self.commit_seconds: deque[float] = deque(maxlen=1000)
         self._cond = threading.Condition()
+        # Held for each commit; exclusive() holds it to act between two commits.
+        self._commit_lock = threading.Lock()
         self._pending: list[_Publish] = []
         self._pending_bytes = 0
         self._closed = False
@@ -114,6 +116,10 @@ class TopicWriter:
             self._pending.append(_Publish(bodies, nbytes, published_at_us, deliver_at_us, token))
             self._pending_bytes += nbytes
             self._cond.notify()
+
+    def exclusive(self) -> threading.Lock:
+        """A lock that, while held, keeps this writer from committing."""
+        return self._commit_lock
 
     def request_reopen(self) -> None:
         """Reopen the table handle before the next commit (called after a new checkpoint).
@@ -158,7 +164,8 @@ class TopicWriter:
             error: BaseException | None = None
             started = time.perf_counter()
             try:
-                self._commit(batch)
+                with self._commit_lock:
+                    self._commit(batch)
             except BaseException as exc:  # reported to every publisher of the batch
                 log.exception("commit to %s failed (%d publishes)", self.path, len(batch))
                 error = exc

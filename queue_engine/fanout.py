@@ -1,0 +1,34 @@
+"""Which channel gets which topic rows (pure): NSQ's fanout rules over Delta versions.
+
+A channel receives the rows of its topic committed after the channel's start version (the
+topic version when it was created; for a topic's only channel, the version up to which the
+topic had been drained or emptied). The same registry and rows always give the same answer,
+so a replayed fanout batch routes exactly as the first attempt did.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from queue_engine.registry import Registry
+
+CHANNEL_COLUMNS = ("id", "body", "published_at", "deliver_at", "topic_version")
+
+
+def route(rows: pa.Table, registry: Registry) -> dict[tuple[str, str], pa.Table]:
+    """Rows (with ``topic`` and ``topic_version`` columns) per (topic, channel)."""
+    out: dict[tuple[str, str], pa.Table] = {}
+    if rows.num_rows == 0:
+        return out
+    topics = pc.unique(rows["topic"]).to_pylist()
+    for topic in topics:
+        info = registry.topics.get(topic)
+        if info is None:
+            continue  # deleted meanwhile: nobody receives its messages
+        of_topic = rows.filter(pc.equal(rows["topic"], topic))
+        for name, channel in sorted(info.channels.items()):
+            selected = of_topic.filter(pc.greater(of_topic["topic_version"], channel.start_version))
+            if selected.num_rows:
+                out[(topic, name)] = selected.select(list(CHANNEL_COLUMNS))
+    return out

@@ -1,0 +1,1 @@
+"""Spark glue: the only package (with jobs/) that imports pyspark."""

@@ -1,0 +1,68 @@
+"""Building the SparkSession: local by default, a cluster master from settings otherwise.
+
+Delta access goes through deltaq's Python Data Source over delta-rs unless delta-spark's jars
+are on the classpath (a cluster that ships them), which is detected, never assumed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from enum import StrEnum
+
+from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+_DELTA_CLASS = "org.apache.spark.sql.delta.sources.DeltaDataSource"
+
+
+class Engine(StrEnum):
+    DELTA_RS = "delta-rs"  # deltaq's Python Data Source (format "deltaq")
+    DELTA_SPARK = "delta-spark"  # format "delta", when its jars load
+
+
+def build_session(master: str | None = None, app_name: str = "deltaq") -> SparkSession:
+    """A SparkSession for deltaq's jobs; ``master`` None means ``local[2]``, small and UI-less."""
+    # Spark's Python workers must run this interpreter (the venv's), not whatever is on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app_name)
+    if master or not _inside_spark_submit():
+        builder = (
+            builder.master(master or "local[2]")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.default.parallelism", "2")
+            .config("spark.driver.memory", os.environ.get("DELTAQ_SPARK_DRIVER_MEMORY", "1g"))
+            .config("spark.sql.session.timeZone", "UTC")
+        )
+    builder = builder.config("spark.sql.python.filterPushdown.enabled", "true")
+    spark = builder.getOrCreate()
+    register(spark)
+    log.info(
+        "Spark %s (%s); Delta engine: %s", spark.version, spark.sparkContext.master, engine(spark)
+    )
+    return spark
+
+
+def _inside_spark_submit() -> bool:
+    return "SPARK_SUBMIT" in os.environ or "spark.master" in os.environ.get("SPARK_CONF", "")
+
+
+def engine(spark: SparkSession) -> Engine:
+    """delta-spark when its data source class loads in this JVM, else deltaq's own source."""
+    jvm = spark.sparkContext._jvm
+    try:
+        loadable = bool(jvm.org.apache.spark.util.Utils.classIsLoadable(_DELTA_CLASS))  # type: ignore[union-attr]
+    except Exception:
+        loadable = False
+    return Engine.DELTA_SPARK if loadable else Engine.DELTA_RS
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``format("deltaq")`` available on ``spark``."""
+    from queue_engine.spark.source import DeltaqDataSource
+
+    spark.dataSource.register(DeltaqDataSource)

@@ -1,0 +1,388 @@
+"""``format("deltaq")``: a PySpark Python Data Source over delta-rs.
+
+- ``spark.read.format("deltaq").load(path)``: batch read of one Delta table; one input partition
+  per group of data files, Arrow record batches, simple comparisons pushed down to Parquet.
+- ``spark.readStream.format("deltaq").load(path)``: offsets are Delta versions; each micro-batch
+  reads only the files that versions (start, end] added, skipping compaction commits; read
+  limit ``maxFilesPerTrigger``; supports Trigger.AvailableNow.
+- ``.option("warehouse", W).option("kind", "topics")``: one stream over every topic of a deltaq
+  warehouse (the fanout's source); the offset is a version per topic, new topics join as they
+  are created, paused topics do not advance, and rows carry ``topic`` and ``topic_version``.
+- ``df.write.format("deltaq")`` / ``writeStream``: appends through delta-rs; a streaming batch
+  is committed with the app transaction (``appId``, batch id) so a replayed batch is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+from deltalake import DeltaTable, write_deltalake
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+    WriterCommitMessage,
+)
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxFiles,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from queue_engine.registry import Registry
+from queue_engine.store.append_once import append_once
+from queue_engine.store.commit_log import AddedFile, added_files, latest_version
+from queue_engine.store.registry_store import RegistryStore
+from queue_engine.store.tables import TOPIC_SCHEMA, Warehouse
+
+# Each Python task costs ~30 ms to start: group files so a task has real work.
+DEFAULT_FILES_PER_PARTITION = 64
+DEFAULT_MAX_FILES_PER_TRIGGER = 2000
+
+TOPICS_STREAM_SCHEMA = pa.schema(
+    [
+        pa.field("topic", pa.string(), nullable=False),
+        *TOPIC_SCHEMA,
+        pa.field("topic_version", pa.int64(), nullable=False),
+    ]
+)
+
+
+FileRef = tuple[str, str | None, int]  # (data file, topic or None, Delta version)
+
+
+def _groups(files: Sequence[FileRef], size: int) -> list[InputPartition]:
+    """One input partition (one Spark task) per ``size`` files."""
+    return [InputPartition(tuple(files[i : i + size])) for i in range(0, len(files), size)]
+
+
+def _files(partition: InputPartition) -> tuple[FileRef, ...]:
+    files: tuple[FileRef, ...] = partition.value
+    return files
+
+
+class DeltaqDataSource(DataSource):  # type: ignore[misc]
+    """Delta tables through delta-rs, for batch and streaming reads and writes."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "deltaq"
+
+    def _topics_stream(self) -> bool:
+        return str(self.options.get("kind", "table")) == "topics"
+
+    def schema(self) -> StructType:
+        if self._topics_stream():
+            return from_arrow_schema(TOPICS_STREAM_SCHEMA)
+        return from_arrow_schema(_arrow_schema(self.options["path"]))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return TableReader(
+            self.options["path"],
+            int(self.options.get("filesPerPartition", DEFAULT_FILES_PER_PARTITION)),
+        )
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        files_per_partition = int(
+            self.options.get("filesPerPartition", DEFAULT_FILES_PER_PARTITION)
+        )
+        max_files = int(self.options.get("maxFilesPerTrigger", DEFAULT_MAX_FILES_PER_TRIGGER))
+        if self._topics_stream():
+            return TopicsStreamReader(self.options["warehouse"], files_per_partition, max_files)
+        return TableStreamReader(self.options["path"], files_per_partition, max_files)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return TableWriter(self.options["path"], overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return TableStreamWriter(self.options["path"], str(self.options.get("appId", "deltaq")))
+
+
+def _arrow_schema(path: str) -> pa.Schema:
+    return pa.schema(DeltaTable(path).schema().to_arrow())
+
+
+# -- batch reading -------------------------------------------------------------------------
+
+_PUSHABLE = {
+    EqualTo: pc.equal,
+    GreaterThan: pc.greater,
+    GreaterThanOrEqual: pc.greater_equal,
+    LessThan: pc.less,
+    LessThanOrEqual: pc.less_equal,
+}
+
+
+class TableReader(DataSourceReader):
+    def __init__(self, path: str, files_per_partition: int) -> None:
+        self.path = path
+        self.files_per_partition = files_per_partition
+        self.filters: list[tuple[str, str, Any]] = []
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        """Comparisons of a top-level column with a literal are applied while reading Parquet
+        (row groups skipped by their statistics); the rest Spark evaluates."""
+        for f in filters:
+            attribute = getattr(f, "attribute", ())
+            if type(f) in _PUSHABLE and len(attribute) == 1:
+                self.filters.append((type(f).__name__, attribute[0], getattr(f, "value", None)))
+            else:
+                yield f
+
+    def partitions(self) -> Sequence[InputPartition]:
+        uris = DeltaTable(self.path).file_uris()
+        return _groups([(u, None, -1) for u in uris], self.files_per_partition) or [
+            InputPartition(())
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        files = _files(partition)
+        if not files:
+            return
+        expression = None
+        for name, column, value in self.filters:
+            term = _PUSHABLE[_FILTER_TYPES[name]](ds.field(column), value)
+            expression = term if expression is None else expression & term
+        dataset = ds.dataset(
+            [f[0] for f in files], format="parquet", schema=_arrow_schema(self.path)
+        )
+        yield from dataset.to_batches(filter=expression)
+
+
+_FILTER_TYPES = {cls.__name__: cls for cls in _PUSHABLE}
+
+
+# -- streaming reading ---------------------------------------------------------------------
+
+
+def _read_files(
+    files: Sequence[FileRef], schema: pa.Schema, with_topic: bool
+) -> Iterator[pa.RecordBatch]:
+    for path, topic, version in files:
+        table = pq.read_table(path).cast(TOPIC_SCHEMA) if with_topic else pq.read_table(path)
+        if with_topic:
+            n = table.num_rows
+            table = table.add_column(0, "topic", pa.array([topic] * n, pa.string()))
+            table = table.append_column("topic_version", pa.array([version] * n, pa.int64()))
+            table = table.cast(schema)
+        yield from table.to_batches()
+
+
+class TableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets ``{"version": v}``; a micro-batch reads what versions (start, end] added."""
+
+    def __init__(self, path: str, files_per_partition: int, max_files: int) -> None:
+        self.path = path
+        self.files_per_partition = files_per_partition
+        self.max_files = max_files
+        self.target: int | None = None
+
+    def initialOffset(self) -> dict[str, int]:
+        return {"version": -1}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxFiles(self.max_files)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = latest_version(self.path)
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        latest = latest_version(
+            self.path, max(start["version"], 0) if start["version"] >= 0 else -1
+        )
+        if self.target is not None:
+            latest = min(latest, self.target)
+        if isinstance(limit, ReadMaxFiles):
+            # One append is one file, so a version budget is a file budget.
+            latest = min(latest, start["version"] + max(1, limit.max_files))
+        return {"version": max(latest, start["version"])}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        files = added_files(self.path, start["version"], end["version"])
+        return _groups([(f.path, None, f.version) for f in files], self.files_per_partition)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        yield from _read_files(_files(partition), _arrow_schema(self.path), with_topic=False)
+
+    def commit(self, end: dict[str, int]) -> None:
+        return None
+
+
+class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Every topic of a warehouse as one stream.
+
+    The offset maps each topic to ``[create_seq, version]``: ``create_seq`` (the registry seq
+    of the topic's creation) tells a re-created topic from the deleted one it replaced, whose
+    versions started again from 0.
+    """
+
+    def __init__(self, warehouse: str, files_per_partition: int, max_files: int) -> None:
+        self.warehouse = Warehouse(warehouse)
+        self.files_per_partition = files_per_partition
+        self.max_files = max_files
+        self.target: dict[str, list[int]] | None = None
+
+    def _registry(self) -> Registry:
+        return Registry.fold(RegistryStore(self.warehouse.registry_path).load())
+
+    def initialOffset(self) -> dict[str, list[int]]:
+        return {}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxFiles(self.max_files)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = self.latestOffset({}, ReadAllAvailable(), paused_ok=True)
+
+    def latestOffset(
+        self, start: dict[str, list[int]], limit: ReadLimit, paused_ok: bool = False
+    ) -> dict[str, list[int]]:
+        registry = self._registry()
+        budget = limit.max_files if isinstance(limit, ReadMaxFiles) else None
+        end: dict[str, list[int]] = {}
+        for name in sorted(registry.topics):
+            info = registry.topics[name]
+            seq = info.created_seq
+            begin = start.get(name)
+            begin_version = begin[1] if begin is not None and begin[0] == seq else -1
+            # A paused topic, or one with no channel, holds its messages (nsqd's topic buffer):
+            # its offset stays put, so a channel created later still receives them.
+            if (info.paused and not paused_ok) or not info.channels:
+                end[name] = [seq, begin_version]
+                continue
+            path = self.warehouse.topic_path(name)
+            latest = latest_version(path, begin_version if begin_version >= 0 else -1)
+            if self.target is not None:
+                target = self.target.get(name)
+                latest = min(latest, target[1]) if target and target[0] == seq else begin_version
+            if budget is not None:
+                latest = min(latest, begin_version + max(budget, 0))
+                budget -= max(0, latest - begin_version)
+            end[name] = [seq, max(latest, begin_version)]
+        return end
+
+    def partitions(
+        self, start: dict[str, list[int]], end: dict[str, list[int]]
+    ) -> Sequence[InputPartition]:
+        files: list[AddedFile] = []
+        owners: list[str] = []
+        for name, (seq, version) in sorted(end.items()):
+            begin = start.get(name)
+            begin_version = begin[1] if begin is not None and begin[0] == seq else -1
+            if version <= begin_version:
+                continue
+            added = added_files(self.warehouse.topic_path(name), begin_version, version)
+            files.extend(added)
+            owners.extend([name] * len(added))
+        return _groups(
+            [(f.path, t, f.version) for f, t in zip(files, owners, strict=True)],
+            self.files_per_partition,
+        )
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        yield from _read_files(_files(partition), TOPICS_STREAM_SCHEMA, with_topic=True)
+
+    def commit(self, end: dict[str, list[int]]) -> None:
+        return None
+
+
+# -- writing -------------------------------------------------------------------------------
+
+
+@dataclass
+class StagedFiles(WriterCommitMessage):
+    """Parquet files a task wrote under the table, not yet part of it."""
+
+    tables: list[str]
+
+
+class TableWriter(DataSourceWriter):
+    """Batch writes: each task stages its rows; the driver appends them in one commit."""
+
+    def __init__(self, path: str, overwrite: bool) -> None:
+        self.path = path
+        self.overwrite = overwrite
+
+    def write(self, iterator: Iterator[Any]) -> StagedFiles:
+        return StagedFiles(_stage(self.path, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        table = _collect(self.path, messages)
+        if table is None:
+            return
+        if self.overwrite:
+            write_deltalake(self.path, table, mode="overwrite")
+        else:
+            write_deltalake(self.path, table, mode="append")
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        _discard(messages)
+
+
+class TableStreamWriter(DataSourceStreamWriter):
+    """Streaming appends, exactly once: commit carries (appId, batchId); replays are skipped."""
+
+    def __init__(self, path: str, app_id: str) -> None:
+        self.path = path
+        self.app_id = app_id
+
+    def write(self, iterator: Iterator[Any]) -> StagedFiles:
+        return StagedFiles(_stage(self.path, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        table = _collect(self.path, messages)
+        append_once(self.path, table, self.app_id, batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        _discard(messages)
+
+
+def _stage(path: str, iterator: Iterator[Any]) -> list[str]:
+    rows = [row.asDict() if hasattr(row, "asDict") else row for row in iterator]
+    if not rows:
+        return []
+    schema = _arrow_schema(path)
+    staged = os.path.join(os.path.abspath(path), f"_staged-{uuid.uuid4().hex}.parquet")
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), staged)
+    return [staged]
+
+
+def _collect(path: str, messages: list[WriterCommitMessage | None]) -> pa.Table | None:
+    files = [f for m in messages if isinstance(m, StagedFiles) for f in m.tables]
+    if not files:
+        return None
+    table = pa.concat_tables([pq.read_table(f) for f in files]).cast(_arrow_schema(path))
+    for f in files:
+        os.unlink(f)
+    return table
+
+
+def _discard(messages: list[WriterCommitMessage | None]) -> None:
+    for m in messages:
+        if isinstance(m, StagedFiles):
+            for f in m.tables:
+                if os.path.exists(f):
+                    os.unlink(f)
+
+
+__all__ = ["DeltaqDataSource", "append_once"]
