@@ -28,6 +28,10 @@ def build_session(master: str | None = None, app_name: str = "deltaq") -> SparkS
     # Spark's Python workers must run this interpreter (the venv's), not whatever is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    local = master is None or master.startswith("local")
+    if local:
+        # A local Spark talks to itself only: keep its driver and block manager on loopback.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name)
     if master or not _inside_spark_submit():
         builder = (
@@ -38,6 +42,10 @@ def build_session(master: str | None = None, app_name: str = "deltaq") -> SparkS
             .config("spark.driver.memory", os.environ.get("DELTAQ_SPARK_DRIVER_MEMORY", "1g"))
             .config("spark.sql.session.timeZone", "UTC")
         )
+        if local:
+            builder = builder.config("spark.driver.host", "127.0.0.1").config(
+                "spark.driver.bindAddress", "127.0.0.1"
+            )
     builder = builder.config("spark.sql.python.filterPushdown.enabled", "true")
     spark = builder.getOrCreate()
     register(spark)

@@ -81,7 +81,7 @@ def _files(partition: InputPartition) -> tuple[FileRef, ...]:
     return files
 
 
-class DeltaqDataSource(DataSource):  # type: ignore[misc]
+class DeltaqDataSource(DataSource):
     """Delta tables through delta-rs, for batch and streaming reads and writes."""
 
     @classmethod
@@ -143,7 +143,7 @@ class TableReader(DataSourceReader):
         """Comparisons of a top-level column with a literal are applied while reading Parquet
         (row groups skipped by their statistics); the rest Spark evaluates."""
         for f in filters:
-            attribute = getattr(f, "attribute", ())
+            attribute: tuple[str, ...] = tuple(getattr(f, "attribute", ()))
             if type(f) in _PUSHABLE and len(attribute) == 1:
                 self.filters.append((type(f).__name__, attribute[0], getattr(f, "value", None)))
             else:

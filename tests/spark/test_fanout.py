@@ -1,0 +1,152 @@
+"""The fanout job: NSQ's rules for which channel gets what, and exactly once across crashes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+
+from queue_engine.spark.fanout_stream import start_fanout
+from queue_engine.store.tables import Warehouse
+from tests.conftest import ROOT, Server
+
+
+def channel_bodies(warehouse: Path, topic: str, channel: str) -> list[bytes]:
+    path = warehouse / "channels" / topic / channel / "messages"
+    if not path.exists():
+        return []
+    return sorted(DeltaTable(str(path)).to_pyarrow_table()["body"].to_pylist())
+
+
+def run_once(spark: SparkSession, warehouse: Path) -> None:
+    query = start_fanout(spark, Warehouse(str(warehouse)), once=True)
+    query.awaitTermination(300)
+    assert query.exception() is None
+
+
+def test_fanout_rules(spark: SparkSession, server_factory: type[Server], tmp_path: Path) -> None:
+    wh = tmp_path / "wh"
+    server = server_factory(wh).start()
+    c = httpx.Client(base_url=server.url, timeout=30)
+
+    def pub(topic: str, body: str) -> None:
+        assert c.post("/pub", params={"topic": topic}, content=body.encode()).text == "OK"
+
+    def post(path: str, **params: str) -> None:
+        assert c.post(path, params=params).status_code == 200
+
+    # Topic a: a message buffered before any channel goes to the first channel only.
+    pub("a", "a0")
+    post("/channel/create", topic="a", channel="c1")
+    c.post("/mpub", params={"topic": "a"}, content=b"a1\na1b")
+    post("/channel/create", topic="a", channel="c2")
+    pub("a", "a2")
+    # Topic b: paused, nothing flows until unpaused.
+    post("/topic/create", topic="b")
+    post("/channel/create", topic="b", channel="b1")
+    post("/topic/pause", topic="b")
+    pub("b", "b0")
+    # Topic e: emptied while it had no channel; only later messages reach the first channel.
+    pub("e", "e0")
+    post("/topic/empty", topic="e")
+    pub("e", "e1")
+    post("/channel/create", topic="e", channel="first")
+    # Topic n: no channel at all yet.
+    pub("n", "n0")
+
+    run_once(spark, wh)
+    assert channel_bodies(wh, "a", "c1") == [b"a0", b"a1", b"a1b", b"a2"]
+    assert channel_bodies(wh, "a", "c2") == [b"a2"]
+    assert channel_bodies(wh, "b", "b1") == []
+    assert channel_bodies(wh, "e", "first") == [b"e1"]
+    assert not (wh / "channels" / "n").exists()
+
+    post("/topic/unpause", topic="b")
+    post("/channel/delete", topic="a", channel="c2")
+    pub("a", "a3")
+    post("/channel/create", topic="n", channel="late")  # first channel: gets the buffered n0
+    post("/channel/create", topic="a", channel="c3")
+    pub("a", "a4")
+    run_once(spark, wh)
+    assert channel_bodies(wh, "b", "b1") == [b"b0"]
+    assert channel_bodies(wh, "a", "c1") == [b"a0", b"a1", b"a1b", b"a2", b"a3", b"a4"]
+    assert not (wh / "channels" / "a" / "c2").exists()  # deleted channels receive nothing
+    assert channel_bodies(wh, "a", "c3") == [b"a4"]
+    assert channel_bodies(wh, "n", "late") == [b"n0"]
+
+    # Running again with nothing new writes nothing twice.
+    run_once(spark, wh)
+    assert channel_bodies(wh, "a", "c1") == [b"a0", b"a1", b"a1b", b"a2", b"a3", b"a4"]
+    rows = DeltaTable(str(wh / "channels" / "a" / "c1" / "messages")).to_pyarrow_table()
+    assert set(rows.column_names) == {"id", "body", "published_at", "deliver_at", "topic_version"}
+    c.close()
+
+
+def _fanout_process(warehouse: Path, *extra: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    log = open(warehouse.parent / "fanout.log", "ab")  # noqa: SIM115 - owned by the child
+    return subprocess.Popen(
+        [sys.executable, "-m", "jobs.fanout", "--warehouse", str(warehouse), *extra],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # SIGKILL of the group takes the JVM down with the driver
+    )
+
+
+@pytest.mark.slow
+def test_fanout_killed_mid_stream_then_restarted_is_exactly_once(
+    server_factory: type[Server], tmp_path: Path
+) -> None:
+    wh = tmp_path / "wh"
+    server = server_factory(wh).start()
+    client = httpx.Client(base_url=server.url, timeout=30)
+    assert client.post("/topic/create", params={"topic": "t"}).status_code == 200
+    for ch in ("x", "y"):
+        assert (
+            client.post("/channel/create", params={"topic": "t", "channel": ch}).status_code == 200
+        )
+
+    published: list[bytes] = []
+    stop = threading.Event()
+
+    def publish() -> None:
+        n = 0
+        while not stop.is_set() and n < 400:
+            batch = [f"m{n + i}".encode() for i in range(25)]
+            r = client.post("/mpub", params={"topic": "t"}, content=b"\n".join(batch))
+            assert r.text == "OK"
+            published.extend(batch)
+            n += 25
+            time.sleep(0.02)
+
+    fanout = _fanout_process(wh)
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    deadline = time.monotonic() + 120
+    while not channel_bodies(wh, "t", "x") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert channel_bodies(wh, "t", "x"), (wh.parent / "fanout.log").read_text()[-3000:]
+    os.killpg(fanout.pid, signal.SIGKILL)
+    fanout.wait(30)
+    publisher.join(60)
+    stop.set()
+
+    rerun = _fanout_process(wh, "--once")
+    assert rerun.wait(300) == 0, (wh.parent / "fanout.log").read_text()[-3000:]
+    for ch in ("x", "y"):
+        counts = Counter(channel_bodies(wh, "t", ch))
+        assert set(counts) == set(published)
+        assert max(counts.values()) == 1
+    client.close()
