@@ -13,9 +13,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from queue_engine.fanout import route
-from queue_engine.registry import Registry
 from queue_engine.store.append_once import append_once
-from queue_engine.store.registry_store import RegistryStore
+from queue_engine.store.registry_store import RegistryReader
 from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, Warehouse, open_or_create
 
 log = logging.getLogger(__name__)
@@ -23,12 +22,14 @@ log = logging.getLogger(__name__)
 FANOUT_APP_ID = "deltaq-fanout"
 
 
-def fanout_batch(warehouse: Warehouse, df: DataFrame, batch_id: int) -> int:
+def fanout_batch(
+    warehouse: Warehouse, df: DataFrame, batch_id: int, registry_reader: RegistryReader
+) -> int:
     """Write one micro-batch into the channel tables; return the number of rows written."""
     rows = df.toArrow()
     if rows.num_rows == 0:
         return 0
-    registry = Registry.fold(RegistryStore(warehouse.registry_path).load())
+    registry = registry_reader.get()
     written = 0
     for (topic, channel), selected in route(rows, registry).items():
         path = warehouse.channel_messages_path(topic, channel)
@@ -56,8 +57,10 @@ def start_fanout(
         .load()
     )
 
+    registry_reader = RegistryReader(warehouse.registry_path)
+
     def each_batch(df: DataFrame, batch_id: int) -> None:
-        fanout_batch(warehouse, df, batch_id)
+        fanout_batch(warehouse, df, batch_id, registry_reader)
 
     writer = source.writeStream.foreachBatch(each_batch).option(
         "checkpointLocation", checkpoint or f"{warehouse.checkpoints_root}/fanout"

@@ -52,7 +52,7 @@ from pyspark.sql.types import StructType
 from queue_engine.registry import Registry
 from queue_engine.store.append_once import append_once
 from queue_engine.store.commit_log import AddedFile, added_files, latest_version
-from queue_engine.store.registry_store import RegistryStore
+from queue_engine.store.registry_store import RegistryReader
 from queue_engine.store.tables import TOPIC_SCHEMA, Warehouse
 
 # Each Python task costs ~30 ms to start: group files so a task has real work.
@@ -241,9 +241,11 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.files_per_partition = files_per_partition
         self.max_files = max_files
         self.target: dict[str, list[int]] | None = None
+        self._registry_reader = RegistryReader(self.warehouse.registry_path)
+        self._known: dict[str, int] = {}
 
     def _registry(self) -> Registry:
-        return Registry.fold(RegistryStore(self.warehouse.registry_path).load())
+        return self._registry_reader.get()
 
     def initialOffset(self) -> dict[str, list[int]]:
         return {}
@@ -271,7 +273,11 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 end[name] = [seq, begin_version]
                 continue
             path = self.warehouse.topic_path(name)
-            latest = latest_version(path, begin_version if begin_version >= 0 else -1)
+            # Probe onwards from the newest version seen, not from the batch start: probing
+            # costs one file check per version.
+            known = max(begin_version, self._known.get(f"{seq}:{name}", -1))
+            latest = latest_version(path, known if known >= 0 else -1)
+            self._known[f"{seq}:{name}"] = latest
             if self.target is not None:
                 target = self.target.get(name)
                 latest = min(latest, target[1]) if target and target[0] == seq else begin_version

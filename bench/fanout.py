@@ -1,0 +1,208 @@
+"""Fanout latency and backlog throughput, with the API and the fanout job running locally.
+
+1. Latency: a steady publish load (``--rate`` msg/s for ``--seconds``) while ``deltaq fanout``
+   runs; each body carries its publish time; a tailer reads the channel table's new commits and
+   prints publish -> row visible in the channel table, p50/p99.
+2. Backlog: ``--backlog`` 200-byte messages published first, then ``deltaq fanout --once``;
+   prints msg/s over the run, and the same run's fixed cost (Spark start/stop) measured on an
+   empty warehouse.
+
+    python bench/fanout.py [--rate 200] [--seconds 20] [--backlog 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from loadgen import run  # noqa: E402
+
+from queue_engine.store.commit_log import added_files, latest_version  # noqa: E402
+
+HOST = "127.0.0.1"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def _post(port: int, path: str, body: bytes = b"") -> str:
+    req = urllib.request.Request(f"http://{HOST}:{port}{path}", data=body, method="POST")
+    with urllib.request.urlopen(req) as r:
+        return str(r.read().decode())
+
+
+def _api(warehouse: Path, port: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deltaq", "api", "--warehouse", str(warehouse), "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(200):
+        try:
+            urllib.request.urlopen(f"http://{HOST}:{port}/ping").read()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("API did not start")
+
+
+def _fanout(warehouse: Path, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "jobs.fanout", "--warehouse", str(warehouse), *extra],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes], group: bool = False) -> None:
+    if proc.poll() is None:
+        if group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            if group:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+
+
+def latency(rate: int, seconds: float) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        wh = Path(tmp) / "wh"
+        port = _port()
+        api = _api(wh, port)
+        fanout = None
+        try:
+            _post(port, "/topic/create?topic=lat")
+            _post(port, "/channel/create?topic=lat&channel=c")
+            fanout = _fanout(wh)
+            channel = wh / "channels" / "lat" / "c" / "messages"
+            # Wait for the job to be up: publish probes until one shows up in the channel.
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not (channel / "_delta_log").exists():
+                _post(port, "/pub?topic=lat", b"warmup 0")
+                time.sleep(0.5)
+            known = latest_version(str(channel))
+            samples: list[float] = []
+            stop = threading.Event()
+
+            def tail() -> None:
+                nonlocal known
+                while not stop.is_set():
+                    latest = latest_version(str(channel), known)
+                    if latest > known:
+                        now = time.time_ns()
+                        for f in added_files(str(channel), known, latest):
+                            for body in pq.read_table(f.path, columns=["body"])["body"].to_pylist():
+                                if body.startswith(b"t "):
+                                    samples.append((now - int(body[2:])) / 1e6)
+                        known = latest
+                    time.sleep(0.002)
+
+            tailer = threading.Thread(target=tail, daemon=True)
+            tailer.start()
+            interval = 1.0 / rate
+            end = time.monotonic() + seconds
+            next_at = time.monotonic()
+            sent = 0
+            while time.monotonic() < end:
+                _post(port, "/pub?topic=lat", f"t {time.time_ns()}".encode())
+                sent += 1
+                next_at += interval
+                time.sleep(max(0.0, next_at - time.monotonic()))
+            time.sleep(3)
+            stop.set()
+            tailer.join(5)
+            samples.sort()
+            if not samples:
+                print("latency: no samples")
+                return
+            p = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))]  # noqa: E731
+            print(
+                f"publish -> channel row visible, {rate} msg/s for {seconds:.0f} s: "
+                f"p50 {p(0.5):.0f} ms, p99 {p(0.99):.0f} ms, max {samples[-1]:.0f} ms "
+                f"({len(samples)}/{sent} seen)"
+            )
+        finally:
+            if fanout is not None:
+                _stop(fanout, group=True)
+            _stop(api)
+
+
+def backlog(count: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        empty = Path(tmp) / "empty"
+        port = _port()
+        api = _api(empty, port)
+        _post(port, "/topic/create?topic=b")
+        _post(port, "/channel/create?topic=b&channel=c")
+        _stop(api)
+        t = time.perf_counter()
+        assert _fanout(empty, "--once").wait(600) == 0
+        fixed = time.perf_counter() - t
+
+        wh = Path(tmp) / "wh"
+        port = _port()
+        api = _api(wh, port)
+        _post(port, "/topic/create?topic=b")
+        _post(port, "/channel/create?topic=b&channel=c")
+        body = b"\n".join([b"x" * 200] * 1000)
+        published = 0
+        t = time.perf_counter()
+        while published < count:
+            r = run(HOST, port, "/mpub?topic=b", body, 8, 1.0)
+            published += r.requests * 1000
+        fill = time.perf_counter() - t
+        _stop(api)
+        t = time.perf_counter()
+        assert _fanout(wh, "--once").wait(1800) == 0
+        wall = time.perf_counter() - t
+        from deltalake import DeltaTable
+
+        rows = DeltaTable(str(wh / "channels" / "b" / "c" / "messages")).count()
+        print(
+            f"backlog: {published} msgs published in {fill:.1f} s; fanout --once moved "
+            f"{rows} rows in {wall:.1f} s wall = {rows / wall:,.0f} msg/s; excluding the "
+            f"{fixed:.1f} s fixed Spark start/stop: {rows / max(wall - fixed, 1e-9):,.0f} msg/s"
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rate", type=int, default=200)
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--backlog", type=int, default=1_000_000)
+    parser.add_argument("--only", choices=["latency", "backlog"])
+    args = parser.parse_args()
+    if args.only in (None, "latency"):
+        latency(args.rate, args.seconds)
+    if args.only in (None, "backlog"):
+        backlog(args.backlog)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
