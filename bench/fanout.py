@@ -65,11 +65,12 @@ def _api(warehouse: Path, port: int) -> subprocess.Popen[bytes]:
 
 
 def _fanout(warehouse: Path, *extra: str) -> subprocess.Popen[bytes]:
+    log = open(warehouse.parent / "fanout.log", "ab")  # noqa: SIM115 - owned by the child
     return subprocess.Popen(
         [sys.executable, "-m", "jobs.fanout", "--warehouse", str(warehouse), *extra],
         cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
 
@@ -135,6 +136,12 @@ def latency(rate: int, seconds: float) -> None:
                 time.sleep(max(0.0, next_at - time.monotonic()))
             time.sleep(3)
             stop.set()
+            batches = [
+                line
+                for line in (wh.parent / "fanout.log").read_text().splitlines()
+                if "fanout batch" in line
+            ]
+            print("\n".join(batches[-5:]))
             tailer.join(5)
             samples.sort()
             if not samples:
@@ -178,7 +185,10 @@ def backlog(count: int) -> None:
         fill = time.perf_counter() - t
         _stop(api)
         t = time.perf_counter()
-        assert _fanout(wh, "--once").wait(1800) == 0
+        code = _fanout(wh, "--once").wait(1800)
+        if code != 0:
+            print((Path(tmp) / "fanout.log").read_text()[-4000:])
+            raise SystemExit(f"fanout --once failed with {code}")
         wall = time.perf_counter() - t
         from deltalake import DeltaTable
 

@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--checkpoint", help="default: <warehouse>/_checkpoints/fanout")
     parser.add_argument("--master", help="Spark master (default local[2], or spark-submit's)")
-    parser.add_argument("--max-files-per-trigger", type=int, default=2000)
+    parser.add_argument("--max-files-per-trigger", type=int, default=200)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -40,13 +40,18 @@ def latest_version(root: str, known: int = -1) -> int:
     Probing (~0.5 ms per file on local disk) avoids opening the table, which replays the log.
     Returns -1 if the table does not exist.
     """
-    fs, base = _fs(root)
     if known < 0:
         try:
             return int(DeltaTable(root).version())
         except Exception:
             return -1
     version = known
+    if "://" not in root:
+        base = os.path.abspath(root)
+        while os.path.exists(f"{base}/{commit_file(version + 1)}"):
+            version += 1
+        return version
+    fs, base = _fs(root)
     while fs.get_file_info(f"{base}/{commit_file(version + 1)}").type == pafs.FileType.File:
         version += 1
     return version
@@ -55,10 +60,15 @@ def latest_version(root: str, known: int = -1) -> int:
 def added_files(root: str, start_exclusive: int, end_inclusive: int) -> list[AddedFile]:
     """Data files that versions ``(start_exclusive, end_inclusive]`` added with dataChange."""
     fs, base = _fs(root)
+    local = "://" not in root
     files: list[AddedFile] = []
     for version in range(start_exclusive + 1, end_inclusive + 1):
-        with fs.open_input_stream(f"{base}/{commit_file(version)}") as stream:
-            text = stream.read().decode()
+        if local:
+            with open(f"{base}/{commit_file(version)}", "rb") as f:
+                text = f.read().decode()
+        else:
+            with fs.open_input_stream(f"{base}/{commit_file(version)}") as stream:
+                text = stream.read().decode()
         for line in text.splitlines():
             if not line.strip():
                 continue
