@@ -305,24 +305,22 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 latest = min(latest, target[1]) if target and target[0] == seq else begin_version
             if budget is not None:
                 latest = min(latest, begin_version + max(budget, 0))
-                latest = self._row_capped(path, begin_version, latest, rows_left)
+                latest, rows = self._row_capped(path, begin_version, latest, rows_left)
                 budget -= max(0, latest - begin_version)
-                rows_left -= self._rows(path, begin_version, latest)
+                rows_left -= rows
             end[name] = [seq, max(latest, begin_version)]
         return end
 
-    def _row_capped(self, path: str, begin: int, latest: int, rows_left: int) -> int:
+    def _row_capped(self, path: str, begin: int, latest: int, rows_left: int) -> tuple[int, int]:
         """The highest version <= ``latest`` whose rows since ``begin`` fit ``rows_left`` (at
-        least one version, so a single large commit still moves)."""
+        least one version, so a single large commit still moves), and those rows."""
         total = 0
         for version in range(begin + 1, latest + 1):
-            total += sum(f.num_records or 0 for f in added_files(path, version - 1, version))
-            if total > rows_left and version > begin + 1:
-                return version - 1
-        return latest
-
-    def _rows(self, path: str, begin: int, end: int) -> int:
-        return sum(f.num_records or 0 for f in added_files(path, begin, end)) if end > begin else 0
+            rows = sum(f.num_records or 0 for f in added_files(path, version - 1, version))
+            if total + rows > rows_left and version > begin + 1:
+                return version - 1, total
+            total += rows
+        return latest, total
 
     def partitions(
         self, start: dict[str, list[int]], end: dict[str, list[int]]

@@ -7,24 +7,6 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.transaction import CommitProperties, Transaction
 
 
-def append_once(path: str, table: pa.Table | None, app_id: str, batch_id: int) -> bool:
-    """Append ``table`` unless ``(app_id, batch_id)`` is already recorded. True if written.
-
-    The check and the write go through the same DeltaTable object: delta-rs does not refuse a
-    repeated transaction version itself, and checking on one handle while writing through
-    another let duplicates through.
-    """
-    dt = DeltaTable(path)
-    done = dt.transaction_version(app_id)
-    if done is not None and done >= batch_id:
-        return False
-    if table is None:
-        table = pa.Table.from_batches([], schema=pa.schema(dt.schema().to_arrow()))
-    props = CommitProperties(app_transactions=[Transaction(app_id, batch_id)])
-    write_deltalake(dt, table, mode="append", commit_properties=props)
-    return True
-
-
 class IdempotentAppender:
     """``append_once`` for one table with a long-lived handle, checkpointing as it goes.
 
@@ -39,7 +21,12 @@ class IdempotentAppender:
         self.checkpoint_interval = checkpoint_interval
         self._dt = DeltaTable(path)
 
+    def schema(self) -> pa.Schema:
+        return pa.schema(self._dt.schema().to_arrow())
+
     def append(self, table: pa.Table, app_id: str, batch_id: int) -> bool:
+        """Append unless ``(app_id, batch_id)`` is recorded; check and write go through the same
+        handle (delta-rs does not refuse a repeated transaction version itself)."""
         done = self._dt.transaction_version(app_id)
         if done is not None and done >= batch_id:
             return False
@@ -49,3 +36,12 @@ class IdempotentAppender:
             self._dt.create_checkpoint()
             self._dt = DeltaTable(self.path)
         return True
+
+
+def append_once(path: str, table: pa.Table | None, app_id: str, batch_id: int) -> bool:
+    """Append ``table`` (None: an empty commit that only records the batch) unless
+    ``(app_id, batch_id)`` is already recorded. True if written."""
+    appender = IdempotentAppender(path)
+    if table is None:
+        table = pa.Table.from_batches([], schema=pa.schema(appender.schema()))
+    return appender.append(table, app_id, batch_id)

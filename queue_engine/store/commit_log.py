@@ -16,6 +16,8 @@ from urllib.parse import unquote
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
+from queue_engine.store.tables import filesystem
+
 
 @dataclass(frozen=True)
 class AddedFile:
@@ -23,11 +25,6 @@ class AddedFile:
     path: str  # absolute path or URL of the data file
     size: int
     num_records: int | None
-
-
-def _fs(root: str) -> tuple[pafs.FileSystem, str]:
-    fs, path = pafs.FileSystem.from_uri(root if "://" in root else os.path.abspath(root))
-    return fs, str(path)
 
 
 def commit_file(version: int) -> str:
@@ -51,7 +48,7 @@ def latest_version(root: str, known: int = -1) -> int:
         while os.path.exists(f"{base}/{commit_file(version + 1)}"):
             version += 1
         return version
-    fs, base = _fs(root)
+    fs, base = filesystem(root)
     while fs.get_file_info(f"{base}/{commit_file(version + 1)}").type == pafs.FileType.File:
         version += 1
     return version
@@ -59,7 +56,7 @@ def latest_version(root: str, known: int = -1) -> int:
 
 def added_files(root: str, start_exclusive: int, end_inclusive: int) -> list[AddedFile]:
     """Data files that versions ``(start_exclusive, end_inclusive]`` added with dataChange."""
-    fs, base = _fs(root)
+    fs, base = filesystem(root)
     local = "://" not in root
     files: list[AddedFile] = []
     for version in range(start_exclusive + 1, end_inclusive + 1):

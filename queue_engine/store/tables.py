@@ -101,14 +101,14 @@ def open_or_create(path: str, schema: pa.Schema) -> DeltaTable:
         return DeltaTable(path)
 
 
-def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     fs, path = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
     return fs, str(path)
 
 
 def delete_tree(uri: str) -> None:
     """Remove a directory (local or object store) and everything under it, if it exists."""
-    fs, path = _filesystem(uri)
+    fs, path = filesystem(uri)
     if fs.get_file_info(path).type == pafs.FileType.NotFound:
         return
     fs.delete_dir(path)
@@ -117,7 +117,7 @@ def delete_tree(uri: str) -> None:
 
 def list_dirs(uri: str) -> list[str]:
     """Names of the directories directly under ``uri`` (none if it does not exist)."""
-    fs, path = _filesystem(uri)
+    fs, path = filesystem(uri)
     if fs.get_file_info(path).type == pafs.FileType.NotFound:
         return []
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=False))

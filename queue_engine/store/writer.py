@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from queue_engine.message import IdAllocator, id_from_hex
@@ -239,8 +240,6 @@ def _scan(dt: DeltaTable) -> tuple[int, int]:
     actions = pa.table(dt.get_add_actions(flatten=True))
     if actions.num_rows == 0:
         return 0, 0
-    count = int(pa.compute.sum(actions["num_records"]).as_py() or 0)
-    largest = (
-        pa.compute.max(actions["max.id"]).as_py() if "max.id" in actions.column_names else None
-    )
+    count = int(pc.sum(actions["num_records"]).as_py() or 0)
+    largest = pc.max(actions["max.id"]).as_py() if "max.id" in actions.column_names else None
     return (id_from_hex(largest) + 1 if largest else 0), count
