@@ -14,7 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from queue_engine.channel_queue import Answer, Delivery
+from queue_engine.delivery import ChannelRuntime
 from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.lease import EventKind
 from queue_engine.names import path_segment
 from queue_engine.registry import Action, Registry, RegistryEvent, TopicInfo
 from queue_engine.settings import AckMode, Settings
@@ -24,6 +27,10 @@ from queue_engine.store.tables import Warehouse, delete_tree, list_dirs
 from queue_engine.store.writer import CommitStats, TopicWriter, WriterClosedError
 
 log = logging.getLogger(__name__)
+
+# The consumer pump's period, and how many periods apart channels nobody waits on are visited.
+PUMP_INTERVAL_S = 0.005
+IDLE_PUMP_EVERY = 20
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,8 @@ class Broker:
         self._registry_store: RegistryStore | None = None
         self.registry = Registry()
         self._writers: dict[str, TopicWriter] = {}
+        self._channels: dict[tuple[str, str], ChannelRuntime] = {}
+        self._pump: asyncio.Task[None] | None = None
         self._admin = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
@@ -84,7 +93,11 @@ class Broker:
         """Fold the registry, finish interrupted deletes, open every topic's writer."""
         self._loop = asyncio.get_running_loop()
         await asyncio.to_thread(self._start_blocking)
+        for topic in list(self.registry.topics.values()):
+            for channel in list(topic.channels):
+                await self._open_channel(topic.name, channel)
         self.maintenance.start()
+        self._pump = asyncio.get_running_loop().create_task(self._run_pump())
         log.info(
             "warehouse %s: %d topics, %d channels",
             self.warehouse.root,
@@ -117,6 +130,11 @@ class Broker:
     async def close(self) -> None:
         """Commit everything pending, then stop the writers and the maintenance thread."""
         self._closing = True
+        if self._pump is not None:
+            self._pump.cancel()
+        for runtime in list(self._channels.values()):
+            await runtime.close()
+        self._channels.clear()
         writers = list(self._writers.values())
         self._writers.clear()
         await asyncio.to_thread(_close_all, writers)
@@ -143,7 +161,7 @@ class Broker:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] | None = loop.create_future() if wait else None
         try:
-            writer.submit(bodies, published_at_us, deliver_at_us, future)
+            writer.submit_publish(bodies, published_at_us, deliver_at_us, future)
         except WriterClosedError as exc:
             raise QueueError(ErrorCode.EXITING, str(exc)) from exc
         if future is not None:
@@ -161,6 +179,9 @@ class Broker:
         for writer in list(self._writers.values()):
             if writer.path == path:
                 writer.request_reopen()
+        for runtime in list(self._channels.values()):
+            if runtime.ledger_path == path:
+                runtime.request_reopen()
 
     # -- topics ---------------------------------------------------------------------------
 
@@ -182,6 +203,8 @@ class Broker:
         async with self._admin:
             self.registry.existing_topic(name)
             await self._record(Action.TOPIC_DELETE, name)
+            for key in [k for k in self._channels if k[0] == name]:
+                await self._close_channel(*key)
             writer = self._writers.pop(name, None)
             if writer is not None:
                 self.maintenance.unwatch(writer.path)
@@ -215,12 +238,14 @@ class Broker:
             if channel in info.channels:
                 return
             await self._record_at_topic_version(Action.CHANNEL_CREATE, info, channel)
+            await self._open_channel(topic, channel)
 
     async def delete_channel(self, topic: str, channel: str) -> None:
         async with self._admin:
             self.registry.existing_channel(topic, channel)
             info = self.registry.existing_topic(topic)
             await self._record_at_topic_version(Action.CHANNEL_DELETE, info, channel)
+            await self._close_channel(topic, channel)
             await asyncio.to_thread(delete_tree, self.warehouse.channel_root(topic, channel))
 
     async def _record_at_topic_version(self, action: Action, info: TopicInfo, channel: str) -> None:
@@ -257,11 +282,102 @@ class Broker:
             self.registry.existing_channel(topic, channel)
             action = Action.CHANNEL_PAUSE if paused else Action.CHANNEL_UNPAUSE
             await self._record(action, topic, channel)
+        runtime = self._channels.get((topic, channel))
+        if runtime is not None and not paused:
+            await runtime.wake()
 
     async def empty_channel(self, topic: str, channel: str) -> None:
         async with self._admin:
             self.registry.existing_channel(topic, channel)
             await self._record(Action.CHANNEL_EMPTY, topic, channel)
+
+    # -- consuming ------------------------------------------------------------------------
+
+    async def subscribe(
+        self, topic: str, channel: str, *, limit: int, wait_s: float, lease_us: int, consumer: str
+    ) -> list[Delivery]:
+        """nsqd's SUB + RDY over HTTP: creates the topic and channel if needed, then waits
+        up to ``wait_s`` for messages and leases up to ``limit`` of them to ``consumer``."""
+        if self._closing:
+            raise QueueError(ErrorCode.EXITING)
+        runtime = self._channels.get((topic, channel))
+        if runtime is None:
+            await self.create_topic(topic)
+            await self.create_channel(topic, channel)
+            runtime = self._channels[(topic, channel)]
+        return await runtime.sub(limit, wait_s, lease_us, consumer)
+
+    async def settle(
+        self,
+        topic: str,
+        channel: str,
+        kind: EventKind,
+        answers: list[Answer],
+        *,
+        delay_us: int = 0,
+        lease_us: int | None = None,
+    ) -> None:
+        """FIN, REQ or TOUCH the given leases, all or none; durable when this returns."""
+        self.registry.existing_channel(topic, channel)
+        runtime = self._channels.get((topic, channel))
+        if runtime is None:
+            raise QueueError(ErrorCode.CHANNEL_NOT_FOUND, channel)
+        await runtime.settle(
+            kind,
+            answers,
+            delay_us=delay_us,
+            lease_us=lease_us,
+            max_lease_us=self.settings.max_msg_timeout_ms * 1000,
+        )
+
+    def stop_waiting(self) -> None:
+        """The server is stopping: waiting SUBs answer now (with what they have: nothing)."""
+        self._closing = True
+        for runtime in self._channels.values():
+            runtime.closed = True
+            asyncio.get_running_loop().create_task(runtime.wake())
+
+    async def _open_channel(self, topic: str, channel: str) -> None:
+        key = (topic, channel)
+        if key in self._channels:
+            return
+        runtime = ChannelRuntime(
+            topic,
+            channel,
+            self.warehouse.channel_messages_path(topic, channel),
+            self.warehouse.channel_ledger_path(topic, channel),
+            mem_queue_size=self.settings.mem_queue_size,
+            is_paused=lambda: self._channel_paused(topic, channel),
+            notify=self._committed,
+        )
+        await runtime.start()
+        self._channels[key] = runtime
+        self.maintenance.watch(runtime.ledger_path)
+
+    async def _close_channel(self, topic: str, channel: str) -> None:
+        runtime = self._channels.pop((topic, channel), None)
+        if runtime is not None:
+            self.maintenance.unwatch(runtime.ledger_path)
+            await runtime.close()
+
+    def _channel_paused(self, topic: str, channel: str) -> bool:
+        info = self.registry.topics.get(topic)
+        state = info.channels.get(channel) if info is not None else None
+        return state is None or state.paused
+
+    async def _run_pump(self) -> None:
+        """Timeouts, deferrals and new channel rows: every few ms for channels with waiting
+        consumers (so a SUB answers within ms of a fanout commit), every 100 ms for others."""
+        tick = 0
+        while True:
+            await asyncio.sleep(PUMP_INTERVAL_S)
+            tick += 1
+            for runtime in list(self._channels.values()):
+                if runtime.waiting or tick % IDLE_PUMP_EVERY == 0:
+                    try:
+                        await runtime.tick()
+                    except Exception:
+                        log.exception("pump of %s/%s failed", runtime.topic, runtime.channel)
 
     # -- stats ----------------------------------------------------------------------------
 
@@ -278,7 +394,7 @@ class Broker:
     def _topic_stats(self, info: TopicInfo, channel: str | None) -> TopicStats:
         stats = self._writer_stats(info.name)
         channels = [
-            ChannelStats(name=c.name, paused=c.paused)
+            self._channel_stats(info.name, c.name, c.paused)
             for c in sorted(info.channels.values(), key=lambda c: c.name)
             if not channel or c.name == channel
         ]
@@ -298,6 +414,23 @@ class Broker:
             channels=channels,
             commit_p50_ms=_percentile_ms(durations, 0.50),
             commit_p99_ms=_percentile_ms(durations, 0.99),
+        )
+
+    def _channel_stats(self, topic: str, channel: str, paused: bool) -> ChannelStats:
+        runtime = self._channels.get((topic, channel))
+        if runtime is None:
+            return ChannelStats(name=channel, paused=paused)
+        counts = runtime.counts()
+        return ChannelStats(
+            name=channel,
+            paused=paused,
+            depth=counts.depth,
+            in_flight_count=counts.in_flight_count,
+            deferred_count=counts.deferred_count,
+            message_count=counts.message_count,
+            requeue_count=counts.requeue_count,
+            timeout_count=counts.timeout_count,
+            client_count=counts.client_count,
         )
 
     # -- internals ------------------------------------------------------------------------

@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     max_msg_size_bytes: int = 1024 * 1024
     max_body_size_bytes: int = 5 * 1024 * 1024
     max_rdy_count: int = 2500
+    # Messages of a channel held in memory (with bodies) ready to deliver; the rest of a backlog
+    # stays in the channel table and is read as the window drains (nsqd's mem-queue-size).
+    mem_queue_size: int = 10_000
     # Publishing.
     ack: AckMode = AckMode.COMMIT
     # One commit carries at most this many body bytes; more waiting goes in the next commit.

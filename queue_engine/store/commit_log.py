@@ -76,12 +76,15 @@ def added_files(root: str, start_exclusive: int, end_inclusive: int) -> list[Add
             stats = add.get("stats")
             records = json.loads(stats).get("numRecords") if stats else None
             files.append(
-                AddedFile(version, _join(root, unquote(add["path"])), int(add["size"]), records)
+                AddedFile(
+                    version, absolute_path(root, unquote(add["path"])), int(add["size"]), records
+                )
             )
     return files
 
 
-def _join(root: str, relative: str) -> str:
+def absolute_path(root: str, relative: str) -> str:
+    """A data file's path from the table root and the path its add action records."""
     if "://" in relative or relative.startswith("/"):
         return relative
     prefix = root if "://" in root else os.path.abspath(root)

@@ -33,6 +33,21 @@ CHANNEL_MESSAGES_SCHEMA = pa.schema(
     [*TOPIC_SCHEMA, pa.field("topic_version", pa.int64(), nullable=False)]
 )
 
+# channels/<t>/<c>/ledger: one row per lease event (queue_engine.lease), append-only. Written by
+# the API (and the sweep job); its fold is every message's delivery state.
+LEDGER_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("event", pa.string(), nullable=False),
+        pa.field("attempt", pa.int32(), nullable=False),
+        pa.field("lease", pa.string(), nullable=True),
+        pa.field("lease_expires_at", _TS, nullable=True),
+        pa.field("deliver_at", _TS, nullable=True),
+        pa.field("consumer", pa.string(), nullable=True),
+        pa.field("at", _TS, nullable=False),
+    ]
+)
+
 # registry: one row per create/delete/pause/unpause/empty of a topic or channel, append-only.
 REGISTRY_SCHEMA = pa.schema(
     [
@@ -79,6 +94,9 @@ class Warehouse:
 
     def channel_messages_path(self, topic: str, channel: str) -> str:
         return f"{self.channel_root(topic, channel)}/messages"
+
+    def channel_ledger_path(self, topic: str, channel: str) -> str:
+        return f"{self.channel_root(topic, channel)}/ledger"
 
     @property
     def checkpoints_root(self) -> str:

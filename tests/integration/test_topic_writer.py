@@ -45,7 +45,7 @@ def test_group_commit_batches_and_keeps_everything(tmp_path: Path, fast: bool) -
     path = str(tmp_path / "t")
     writer = TopicWriter(path, results, commit_max_bytes=1 << 20, fast_appends=fast)
     for i in range(200):
-        writer.submit([f"m{i}-a".encode(), f"m{i}-b".encode()], now_us(), None, i)
+        writer.submit_publish([f"m{i}-a".encode(), f"m{i}-b".encode()], now_us(), None, i)
     results.wait(200)
     writer.close()
     assert all(e is None for e in results.done.values())
@@ -69,8 +69,8 @@ def test_deliver_at_and_mixed_batches(tmp_path: Path) -> None:
     path = str(tmp_path / "t")
     writer = TopicWriter(path, results, commit_max_bytes=1 << 20)
     t0 = now_us()
-    writer.submit([b"now"], t0, None, "a")
-    writer.submit([b"later1", b"later2"], t0, t0 + 5_000_000, "b")
+    writer.submit_publish([b"now"], t0, None, "a")
+    writer.submit_publish([b"later1", b"later2"], t0, t0 + 5_000_000, "b")
     results.wait(2)
     writer.close()
     rows = {r["body"]: r for r in DeltaTable(path).to_pyarrow_table().to_pylist()}
@@ -83,13 +83,13 @@ def test_reopened_writer_continues_ids_above_existing(tmp_path: Path) -> None:
     path = str(tmp_path / "t")
     results = Results()
     w1 = TopicWriter(path, results, commit_max_bytes=1 << 20)
-    w1.submit([b"x"] * 10, now_us(), None, 1)
+    w1.submit_publish([b"x"] * 10, now_us(), None, 1)
     results.wait(1)
     w1.close()
     first_max = max(DeltaTable(path).to_pyarrow_table()["id"].to_pylist())
     w2 = TopicWriter(path, results, commit_max_bytes=1 << 20)
     assert w2.stats().message_count == 10
-    w2.submit([b"y"], now_us(), None, 2)
+    w2.submit_publish([b"y"], now_us(), None, 2)
     results.wait(2)
     w2.close()
     table = DeltaTable(path).to_pyarrow_table()
@@ -101,22 +101,22 @@ def test_a_failing_batch_commits_nothing_and_later_batches_succeed(tmp_path: Pat
     path = str(tmp_path / "t")
     results = Results()
     writer = TopicWriter(path, results, commit_max_bytes=1 << 20)
-    writer.submit([b"ok1"], now_us(), None, "ok1")
+    writer.submit_publish([b"ok1"], now_us(), None, "ok1")
     results.wait(1)
     version = DeltaTable(path).version()
     blocker = Path(path) / "_delta_log" / f"{version + 1:020d}.json"
     blocker.mkdir()
-    writer.submit([b"lost1", b"lost2"], now_us(), None, "bad")
+    writer.submit_publish([b"lost1", b"lost2"], now_us(), None, "bad")
     results.wait(2)
     assert results.done["bad"] is not None
     blocker.rmdir()
-    writer.submit([b"ok2"], now_us(), None, "ok2")
+    writer.submit_publish([b"ok2"], now_us(), None, "ok2")
     results.wait(3)
     writer.close()
     assert results.done["ok2"] is None
     assert sorted(DeltaTable(path).to_pyarrow_table()["body"].to_pylist()) == [b"ok1", b"ok2"]
     with pytest.raises(WriterClosedError):
-        writer.submit([b"z"], now_us(), None, "z")
+        writer.submit_publish([b"z"], now_us(), None, "z")
 
 
 def test_commit_max_bytes_splits_batches(tmp_path: Path) -> None:
@@ -124,7 +124,7 @@ def test_commit_max_bytes_splits_batches(tmp_path: Path) -> None:
     results = Results()
     writer = TopicWriter(path, results, commit_max_bytes=100)
     for i in range(10):
-        writer.submit([b"x" * 60], now_us(), None, i)
+        writer.submit_publish([b"x" * 60], now_us(), None, i)
     results.wait(10)
     writer.close()
     # No commit carries more than max bytes unless a single publish alone exceeds it.
@@ -134,7 +134,7 @@ def test_commit_max_bytes_splits_batches(tmp_path: Path) -> None:
 def _batch(n: int, first: int = 0) -> pa.Table:
     from queue_engine.store.writer import _Publish, _to_arrow
 
-    return _to_arrow([_Publish([b"b"] * n, n, now_us(), None, None)], first, n)
+    return _to_arrow([_Publish([b"b"] * n, n, now_us(), None)], first, n)
 
 
 def test_local_appender_races_with_delta_rs_writers_and_compaction(tmp_path: Path) -> None:

@@ -27,7 +27,6 @@ def batch(n: int, first: int, body: bytes = b"b") -> pa.Table:
                 n,
                 time.time_ns() // 1000,
                 None,
-                None,
             )
         ],
         first,

@@ -1,0 +1,300 @@
+"""One channel's live queue: the fold of its ledger plus the indexes that make SUB fast (pure).
+
+States change only through ``queue_engine.lease.apply``; this class adds what a server needs on
+top: a FIFO of ready messages, a heap of deferred ones, a heap of lease expiries, the bodies of
+the messages it holds, and nsqd's counters. No I/O and no clock: the caller passes ``now_us``
+and writes the returned events to the ledger before answering.
+
+Indexes are lazy: a FIFO or heap entry whose message has since changed state is skipped when
+it surfaces, so every transition is O(1) or O(log n).
+"""
+
+from __future__ import annotations
+
+import heapq
+import secrets
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from queue_engine.lease import EventKind, LeaseEvent, MessageState, apply, initial
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A message handed to a consumer, with what it needs to answer."""
+
+    id: str
+    attempts: int
+    published_at_us: int
+    body: bytes
+    lease: str
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One FIN/REQ/TOUCH target: a message id and the lease the consumer holds."""
+
+    id: str
+    lease: str
+
+
+class SettleError(Exception):
+    """Some targets of a FIN/REQ/TOUCH are not in flight under that lease (nothing applied)."""
+
+    def __init__(self, failed: list[str]) -> None:
+        super().__init__(", ".join(failed))
+        self.failed = failed
+
+
+def lease_attempt(lease: str) -> int | None:
+    """The attempt a lease token names, or None if it is not a lease token."""
+    attempt, sep, nonce = lease.partition("-")
+    if not sep or not attempt.isdigit() or len(nonce) != 12 or not _is_hex(nonce):
+        return None
+    return int(attempt)
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)
+
+
+def new_lease(attempt: int) -> str:
+    """An opaque lease token: the attempt it leases and a random nonce (stale ones differ)."""
+    return f"{attempt}-{secrets.token_hex(6)}"
+
+
+class ChannelQueue:
+    """Ready, deferred and in-flight messages of one channel, and its counters."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, MessageState] = {}
+        self._bodies: dict[str, tuple[bytes, int]] = {}
+        self._ready: deque[str] = deque()
+        self._deferred: list[tuple[int, str]] = []
+        self._expiries: list[tuple[int, str, int]] = []
+        self.in_flight: set[str] = set()
+        self.deferred: set[str] = set()
+        # Finished messages whose rows may still be read (from the table as it was at restore):
+        # skipped when read. Not needed once every row of that snapshot has been read.
+        self._finished: set[str] = set()
+        self._remember_finished = True
+        self._last_at_us = 0
+        self.requeue_count = 0
+        self.timeout_count = 0
+
+    # -- what the queue holds --------------------------------------------------------------
+
+    @property
+    def ready_count(self) -> int:
+        return len(self.states) - len(self.in_flight) - len(self.deferred)
+
+    def has_ready(self) -> bool:
+        return self.ready_count > 0
+
+    def next_due_us(self) -> int | None:
+        """The earliest time a lease may expire or a deferral end (None: nothing pending)."""
+        times = [t for t in (self._deferred[:1], self._expiries[:1]) if t]
+        return min(t[0][0] for t in times) if times else None
+
+    # -- loading ----------------------------------------------------------------------------
+
+    def restore(self, states: dict[str, MessageState], now_us: int) -> None:
+        """Start from the fold of the ledger (before any message row is loaded)."""
+        for message_id, state in states.items():
+            self.requeue_count += state.requeues
+            self.timeout_count += state.timeouts
+            if state.finished:
+                self._finished.add(message_id)
+                continue
+            self._place(message_id, state, now_us)
+
+    def add(
+        self,
+        ids: Sequence[str],
+        bodies: Sequence[bytes],
+        published_at_us: Sequence[int],
+        deliver_at_us: Sequence[int | None],
+        now_us: int,
+    ) -> int:
+        """Take message rows read from the channel table; return how many were new.
+
+        Rows of messages the ledger already knows only bring their bodies.
+        """
+        fresh = 0
+        for message_id, body, published, deliver_at in zip(
+            ids, bodies, published_at_us, deliver_at_us, strict=True
+        ):
+            if message_id in self._finished:
+                continue
+            known = message_id in self.states
+            self._bodies[message_id] = (body, published)
+            if not known:
+                fresh += 1
+                self._place(message_id, initial(deliver_at), now_us)
+        return fresh
+
+    def forget_finished(self) -> None:
+        """Every row that existed at restore has been read: the finished set is not needed."""
+        self._finished.clear()
+        self._remember_finished = False
+
+    def needs_body(self) -> list[str]:
+        return [m for m in self.states if m not in self._bodies]
+
+    # -- consuming ---------------------------------------------------------------------------
+
+    def clock(self, now_us: int) -> int:
+        """Event time: strictly increasing per channel, so memory and ledger fold alike."""
+        self._last_at_us = max(now_us, self._last_at_us + 1)
+        return self._last_at_us
+
+    def take(
+        self, limit: int, now_us: int, lease_us: int, consumer: str | None
+    ) -> tuple[list[Delivery], list[LeaseEvent]]:
+        """Lease up to ``limit`` ready messages to ``consumer``."""
+        self.promote(now_us)
+        at = self.clock(now_us)
+        deliveries: list[Delivery] = []
+        events: list[LeaseEvent] = []
+        skipped: list[str] = []
+        while len(deliveries) < limit and self._ready:
+            message_id = self._ready.popleft()
+            state = self.states.get(message_id)
+            if state is None or message_id in self.in_flight or message_id in self.deferred:
+                continue  # a stale FIFO entry
+            body = self._bodies.get(message_id)
+            if body is None:
+                skipped.append(message_id)  # its row is not loaded yet
+                continue
+            attempt = state.attempts + 1
+            event = LeaseEvent(
+                message_id,
+                EventKind.DELIVER,
+                attempt,
+                at,
+                lease=new_lease(attempt),
+                lease_expires_at_us=at + lease_us,
+                consumer=consumer,
+            )
+            after = apply(state, event)
+            if after is state:
+                continue
+            self._set(message_id, after, now_us)
+            events.append(event)
+            deliveries.append(Delivery(message_id, attempt, body[1], body[0], event.lease or ""))
+        self._ready.extendleft(reversed(skipped))
+        return deliveries, events
+
+    def settle(
+        self,
+        kind: EventKind,
+        answers: Iterable[Answer],
+        now_us: int,
+        *,
+        delay_us: int = 0,
+        lease_us: int | None = None,
+        max_lease_us: int = 0,
+    ) -> list[LeaseEvent]:
+        """FIN, REQ or TOUCH every answer, or none of them (SettleError names the failures)."""
+        at = self.clock(now_us)
+        pending: dict[str, MessageState] = {}
+        events: list[LeaseEvent] = []
+        failed: list[str] = []
+        for answer in answers:
+            state = pending.get(answer.id) or self.states.get(answer.id)
+            attempt = lease_attempt(answer.lease)
+            if state is None or attempt is None:
+                failed.append(answer.id)
+                continue
+            event = LeaseEvent(
+                answer.id,
+                kind,
+                attempt,
+                at,
+                lease=answer.lease,
+                lease_expires_at_us=self._touched_until(state, at, lease_us, max_lease_us)
+                if kind is EventKind.TOUCH
+                else None,
+                deliver_at_us=at + delay_us if kind is EventKind.REQ and delay_us > 0 else None,
+            )
+            after = apply(state, event)
+            if after is state:
+                failed.append(answer.id)
+                continue
+            pending[answer.id] = after
+            events.append(event)
+        if failed:
+            raise SettleError(failed)
+        for message_id, after in pending.items():
+            self._set(message_id, after, now_us)
+        if kind is EventKind.REQ:
+            self.requeue_count += len(events)
+        return events
+
+    @staticmethod
+    def _touched_until(state: MessageState, at: int, lease_us: int | None, max_us: int) -> int:
+        """nsqd's TOUCH: now + the lease length, never past delivery + max_msg_timeout."""
+        extended = at + (lease_us if lease_us is not None else state.lease_duration_us)
+        if max_us and state.delivered_at_us is not None:
+            extended = min(extended, state.delivered_at_us + max_us)
+        return extended
+
+    def expire(self, now_us: int) -> list[LeaseEvent]:
+        """TIMEOUT every lease that ended by ``now_us``; due deferrals become ready."""
+        self.promote(now_us)
+        events: list[LeaseEvent] = []
+        while self._expiries and self._expiries[0][0] <= now_us:
+            _, message_id, attempt = heapq.heappop(self._expiries)
+            state = self.states.get(message_id)
+            if state is None or not state.in_flight or state.attempts != attempt:
+                continue
+            at = self.clock(now_us)
+            event = LeaseEvent(message_id, EventKind.TIMEOUT, attempt, at)
+            after = apply(state, event)
+            if after is state:
+                continue  # extended by a TOUCH; its own expiry entry is in the heap
+            self._set(message_id, after, now_us)
+            self.timeout_count += 1
+            events.append(event)
+        return events
+
+    def promote(self, now_us: int) -> None:
+        """Deferred messages whose time has come join the ready FIFO."""
+        while self._deferred and self._deferred[0][0] <= now_us:
+            deliver_at, message_id = heapq.heappop(self._deferred)
+            state = self.states.get(message_id)
+            if state is None or message_id not in self.deferred:
+                continue
+            if state.deliver_at_us != deliver_at:
+                continue  # deferred again since; a newer heap entry exists
+            self.deferred.discard(message_id)
+            self._ready.append(message_id)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _set(self, message_id: str, state: MessageState, now_us: int) -> None:
+        self.in_flight.discard(message_id)
+        self.deferred.discard(message_id)
+        if state.finished:
+            self.states.pop(message_id, None)
+            self._bodies.pop(message_id, None)
+            if self._remember_finished:
+                self._finished.add(message_id)
+            return
+        self._place(message_id, state, now_us)
+
+    def _place(self, message_id: str, state: MessageState, now_us: int) -> None:
+        self.states[message_id] = state
+        if state.in_flight:
+            self.in_flight.add(message_id)
+            expires = state.lease_expires_at_us or now_us
+            heapq.heappush(self._expiries, (expires, message_id, state.attempts))
+        elif state.deliver_at_us is not None and state.deliver_at_us > now_us:
+            self.deferred.add(message_id)
+            heapq.heappush(self._deferred, (state.deliver_at_us, message_id))
+        else:
+            self._ready.append(message_id)
+
+    def __len__(self) -> int:
+        return len(self.states)

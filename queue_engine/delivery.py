@@ -1,0 +1,294 @@
+"""Serving one channel to consumers: long-poll SUB, FIN/REQ/TOUCH, timeouts (asyncio side).
+
+``ChannelRuntime`` joins the pure queue (``ChannelQueue``, the fold of the ledger) with the
+tables: it rebuilds the queue from the ledger and the messages table when it starts, reads the
+messages table a window at a time, follows its tail, and writes every lease event to the
+ledger before the request that caused it is answered. All queue changes happen on the event
+loop thread, in event-time order, so memory is always the fold of the ledger it has written.
+
+If a ledger commit fails, the requests it carried get E_COMMIT_FAILED and the runtime rebuilds
+its queue from the tables: memory never keeps a change the ledger does not have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from queue_engine.channel_queue import Answer, ChannelQueue, Delivery
+from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.lease import EventKind, LeaseEvent, fold
+from queue_engine.store.channel_reader import ChannelReader
+from queue_engine.store.group_commit import WriterClosedError
+from queue_engine.store.ledger import LedgerWriter, read_ledger
+
+log = logging.getLogger(__name__)
+
+# How long a consumer counts as connected (client_count) after its last SUB.
+CLIENT_IDLE_S = 60.0
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+@dataclass(frozen=True)
+class ChannelCounts:
+    """nsqd's per-channel figures."""
+
+    depth: int
+    in_flight_count: int
+    deferred_count: int
+    message_count: int
+    requeue_count: int
+    timeout_count: int
+    client_count: int
+
+
+class ChannelRuntime:
+    """One channel's live queue, its ledger writer and its reader."""
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        messages_path: str,
+        ledger_path: str,
+        *,
+        mem_queue_size: int,
+        is_paused: Callable[[], bool],
+        notify: Callable[[list[object], BaseException | None], None],
+    ) -> None:
+        self.topic = topic
+        self.channel = channel
+        self.messages_path = messages_path
+        self.ledger_path = ledger_path
+        self._mem_queue_size = max(2, mem_queue_size)
+        self._is_paused = is_paused
+        self._notify = notify
+        self.queue = ChannelQueue()
+        self._reader = ChannelReader(messages_path)
+        # Unread rows of messages the ledger already knew (they are not depth).
+        self._known_unread = 0
+        self._writer: LedgerWriter | None = None
+        self._changed = asyncio.Condition()
+        self._load_lock = asyncio.Lock()
+        self._clients: dict[str, float] = {}
+        self.waiting = 0
+        self.closed = False
+        self._broken = False
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._writer = await asyncio.to_thread(
+            LedgerWriter, self.ledger_path, self._notify, name=f"{self.topic}/{self.channel}"
+        )
+        await self._rebuild()
+
+    async def _rebuild(self) -> None:
+        """The queue as the fold of the ledger plus the rows of the messages table."""
+        async with self._load_lock:
+            queue, reader, known = await asyncio.to_thread(self._rebuild_blocking)
+            self.queue, self._reader, self._known_unread = queue, reader, known
+            self._broken = False
+        await self.refill()
+
+    def _rebuild_blocking(self) -> tuple[ChannelQueue, ChannelReader, int]:
+        started = time.perf_counter()
+        events, version = read_ledger(self.ledger_path)
+        states = fold(events)
+        queue = ChannelQueue()
+        now = now_us()
+        queue.restore(states, now)
+        if events:
+            queue.clock(max(e.at_us for e in events))
+        reader = ChannelReader(self.messages_path)
+        paths = reader.snapshot()
+        if reader.snapshot_read:
+            queue.forget_finished()
+        missing = queue.needs_body()
+        if missing:
+            _add(queue, ChannelReader.read_ids(paths, missing), now)
+        known = sum(1 for state in states.values() if state.attempts)
+        log.info(
+            "channel %s/%s: ledger v%d (%d events) folded, %d live, %d in flight, %d unread rows "
+            "(%.0f ms)",
+            self.topic,
+            self.channel,
+            version,
+            len(events),
+            len(queue),
+            len(queue.in_flight),
+            reader.unread_rows - known,
+            (time.perf_counter() - started) * 1000,
+        )
+        return queue, reader, known
+
+    async def close(self) -> None:
+        """Wake every waiting SUB (they answer with no messages) and stop the ledger writer."""
+        self.closed = True
+        await self.wake()
+        if self._writer is not None:
+            await asyncio.to_thread(self._writer.close)
+
+    def request_reopen(self) -> None:
+        if self._writer is not None:
+            self._writer.request_reopen()
+
+    # -- consumers --------------------------------------------------------------------------
+
+    async def sub(self, limit: int, wait_s: float, lease_us: int, consumer: str) -> list[Delivery]:
+        """Lease up to ``limit`` messages, waiting up to ``wait_s`` for the first one."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        self._clients[consumer] = time.monotonic()
+        while not self.closed:
+            if not self._is_paused() and not self._broken:
+                await self.refill()
+                deliveries, events = self.queue.take(limit, now_us(), lease_us, consumer)
+                if deliveries:
+                    await self._write(events)
+                    return deliveries
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            self.waiting += 1
+            try:
+                async with self._changed:
+                    await asyncio.wait_for(self._changed.wait(), remaining)
+            except TimeoutError:
+                pass
+            finally:
+                self.waiting -= 1
+        return []
+
+    async def settle(
+        self,
+        kind: EventKind,
+        answers: Iterable[Answer],
+        *,
+        delay_us: int = 0,
+        lease_us: int | None = None,
+        max_lease_us: int = 0,
+    ) -> None:
+        """FIN, REQ or TOUCH: all answers or none (``SettleError``), durable on return."""
+        if self._broken:
+            raise QueueError(ErrorCode.E_COMMIT_FAILED, "channel is reloading")
+        events = self.queue.settle(
+            kind,
+            answers,
+            now_us(),
+            delay_us=delay_us,
+            lease_us=lease_us,
+            max_lease_us=max_lease_us,
+        )
+        if kind is EventKind.REQ and any(e.deliver_at_us is None for e in events):
+            await self.wake()
+        await self._write(events)
+
+    # -- background work (called by the broker's pump) ---------------------------------------
+
+    async def tick(self) -> None:
+        """Time out expired leases, release due deferrals, pick up new rows of the table."""
+        if self.closed or self._broken:
+            return
+        events = self.queue.expire(now_us())
+        if events:
+            asyncio.get_running_loop().create_task(self._write_quietly(events))
+        await self.poll()
+        if self.queue.has_ready() and self.waiting:
+            await self.wake()
+
+    async def poll(self) -> None:
+        """Read the versions the fanout committed since the last poll."""
+        if self._load_lock.locked() or not self._reader.probe():
+            return
+        async with self._load_lock:
+            rows = await asyncio.to_thread(self._reader.poll)
+        if rows:
+            await self.refill()
+
+    async def refill(self) -> None:
+        """Read more rows while fewer than half a window of messages is ready in memory."""
+        if self.queue.ready_count * 2 >= self._mem_queue_size or not self._reader.has_unread:
+            return
+        if self._load_lock.locked():
+            return
+        added = 0
+        async with self._load_lock:
+            while self.queue.ready_count * 2 < self._mem_queue_size:
+                table = await asyncio.to_thread(self._reader.read, self._mem_queue_size // 2)
+                if table is None:
+                    break
+                fresh = _add(self.queue, table, now_us())
+                added += fresh
+                self._known_unread = max(0, self._known_unread - (table.num_rows - fresh))
+                if self._reader.snapshot_read:
+                    self.queue.forget_finished()
+                    self._known_unread = 0
+        if added and self.waiting:
+            await self.wake()
+
+    async def wake(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    # -- figures ----------------------------------------------------------------------------
+
+    def counts(self) -> ChannelCounts:
+        cutoff = time.monotonic() - CLIENT_IDLE_S
+        self._clients = {c: t for c, t in self._clients.items() if t >= cutoff}
+        return ChannelCounts(
+            depth=self.queue.ready_count + max(0, self._reader.unread_rows - self._known_unread),
+            in_flight_count=len(self.queue.in_flight),
+            deferred_count=len(self.queue.deferred),
+            message_count=self._reader.message_count,
+            requeue_count=self.queue.requeue_count,
+            timeout_count=self.queue.timeout_count,
+            client_count=len(self._clients),
+        )
+
+    # -- internals --------------------------------------------------------------------------
+
+    async def _write(self, events: list[LeaseEvent]) -> None:
+        if not events:
+            return
+        assert self._writer is not None
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        try:
+            self._writer.submit_events(events, future)
+        except WriterClosedError as exc:
+            raise QueueError(ErrorCode.EXITING, str(exc)) from exc
+        try:
+            await future
+        except QueueError:
+            self._fail()
+            raise
+
+    async def _write_quietly(self, events: list[LeaseEvent]) -> None:
+        try:
+            await self._write(events)
+        except QueueError:
+            log.error("%s/%s: could not record %d timeouts", self.topic, self.channel, len(events))
+
+    def _fail(self) -> None:
+        """A ledger commit failed: memory is ahead of the ledger, so rebuild from the tables."""
+        if self._broken or self.closed:
+            return
+        self._broken = True
+        log.error(
+            "%s/%s: ledger commit failed, rebuilding from the tables", self.topic, self.channel
+        )
+        asyncio.get_running_loop().create_task(self._rebuild())
+
+
+def _add(queue: ChannelQueue, table: pa.Table, now: int) -> int:
+    published = table["published_at"].cast(pa.int64()).to_pylist()
+    deliver_at = table["deliver_at"].cast(pa.int64()).to_pylist()
+    return queue.add(table["id"].to_pylist(), table["body"].to_pylist(), published, deliver_at, now)

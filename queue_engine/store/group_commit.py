@@ -1,0 +1,166 @@
+"""Group commit: one thread and one appender per table, many submissions per Delta commit.
+
+Submissions that arrive while a commit is running wait in ``pending`` and all go into the next
+commit, so the number of rows per commit grows with the load and throughput is not bounded by
+commit latency. A commit is one Delta version: all of a batch's rows are in it or none.
+Submissions are committed in the order they were made.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import pyarrow as pa
+
+from queue_engine.store.append import (
+    Appender,
+    DeltaRsAppender,
+    ProtocolChangedError,
+    appender_for,
+)
+
+log = logging.getLogger(__name__)
+
+# Called once per commit with the tokens of the submissions it carried and None, or the error
+# that made the commit fail (then none of those rows is in the table).
+Notify = Callable[[list[Any], BaseException | None], None]
+
+T = TypeVar("T")
+
+
+class WriterClosedError(RuntimeError):
+    """The writer was closed (table deleted or process stopping) before the commit."""
+
+
+@dataclass
+class _Submission(Generic[T]):
+    item: T
+    nbytes: int
+    token: Any
+
+
+class GroupCommitter(ABC, Generic[T]):
+    """The commit thread; subclasses turn a batch of items into one Arrow table."""
+
+    def __init__(
+        self,
+        path: str,
+        notify: Notify,
+        *,
+        commit_max_bytes: int,
+        fast_appends: bool = True,
+        name: str = "",
+    ) -> None:
+        self.path = path
+        self._notify = notify
+        self._commit_max_bytes = commit_max_bytes
+        self._appender: Appender = appender_for(path, allow_fast=fast_appends)
+        self._reopen_requested = False
+        # Durations of the latest commits, for /stats and benchmarks.
+        self.commit_seconds: deque[float] = deque(maxlen=1000)
+        self._cond = threading.Condition()
+        # Held for each commit; exclusive() holds it to act between two commits.
+        self._commit_lock = threading.Lock()
+        self._pending: list[_Submission[T]] = []
+        self._pending_bytes = 0
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"deltaq-commit-{name or path}", daemon=True
+        )
+
+    def _start(self) -> None:
+        """Subclasses call this once their own state is set up."""
+        self._thread.start()
+
+    # -- submitting side (any thread) ------------------------------------------------------
+
+    def submit(self, item: T, nbytes: int, token: Any) -> None:
+        """Queue ``item`` for the next commit; ``token`` comes back through ``notify``."""
+        with self._cond:
+            if self._closed:
+                raise WriterClosedError(self.path)
+            self._pending.append(_Submission(item, nbytes, token))
+            self._pending_bytes += nbytes
+            self._cond.notify()
+
+    def exclusive(self) -> threading.Lock:
+        """A lock that, while held, keeps this writer from committing."""
+        return self._commit_lock
+
+    def request_reopen(self) -> None:
+        """Reopen the table handle before the next commit (called after a new checkpoint).
+
+        A long-lived handle's commit time grows with the log it has replayed (measured: 5 ms
+        right after a checkpoint, 40 ms 300 commits later); a handle opened from a fresh
+        checkpoint starts short again.
+        """
+        self._reopen_requested = True
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Commit what is pending, then stop; later submits raise WriterClosedError."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    # -- the commit thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                batch = self._take_batch()
+            error: BaseException | None = None
+            started = time.perf_counter()
+            try:
+                with self._commit_lock:
+                    self._commit([s.item for s in batch])
+            except BaseException as exc:  # reported to every submitter of the batch
+                log.exception("commit to %s failed (%d submissions)", self.path, len(batch))
+                error = exc
+            self.commit_seconds.append(time.perf_counter() - started)
+            self._notify([s.token for s in batch], error)
+
+    def _take_batch(self) -> list[_Submission[T]]:
+        taken = 0
+        size = 0
+        for submission in self._pending:
+            if taken and size + submission.nbytes > self._commit_max_bytes:
+                break
+            taken += 1
+            size += submission.nbytes
+        batch = self._pending[:taken]
+        del self._pending[:taken]
+        self._pending_bytes -= size
+        return batch
+
+    def _append(self, table: pa.Table) -> int:
+        """Commit ``table`` as one version (called from ``_commit``); return the version."""
+        if self._reopen_requested:
+            self._reopen_requested = False
+            self._appender.reopen()
+        try:
+            return self._appender.append(table)
+        except ProtocolChangedError:
+            log.warning("%s changed protocol or metadata; appending through delta-rs", self.path)
+            self._appender = DeltaRsAppender(self.path)
+            return self._appender.append(table)
+
+    @abstractmethod
+    def _commit(self, batch: list[T]) -> None:
+        """Write one batch as one commit (holding the commit lock); raise if it failed."""

@@ -1,0 +1,89 @@
+"""A channel's ledger table: lease events written in group commits, and read back for a fold."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from queue_engine.lease import EventKind, LeaseEvent
+from queue_engine.store.group_commit import GroupCommitter, Notify
+from queue_engine.store.tables import LEDGER_SCHEMA, open_or_create
+
+_TS = pa.timestamp("us", tz="UTC")
+# Rough bytes per event, for the commit size cap.
+EVENT_BYTES = 96
+
+
+def events_to_arrow(events: list[LeaseEvent]) -> pa.Table:
+    return pa.Table.from_arrays(
+        [
+            pa.array([e.id for e in events], pa.string()),
+            pa.array([e.kind.value for e in events], pa.string()),
+            pa.array([e.attempt for e in events], pa.int32()),
+            pa.array([e.lease for e in events], pa.string()),
+            pa.array([e.lease_expires_at_us for e in events], pa.int64()).cast(_TS),
+            pa.array([e.deliver_at_us for e in events], pa.int64()).cast(_TS),
+            pa.array([e.consumer for e in events], pa.string()),
+            pa.array([e.at_us for e in events], pa.int64()).cast(_TS),
+        ],
+        schema=LEDGER_SCHEMA,
+    )
+
+
+def events_from_arrow(table: pa.Table) -> list[LeaseEvent]:
+    """Ledger rows as events (timestamps as µs since the epoch)."""
+    columns = {
+        name: table[name].cast(pa.int64()).to_pylist()
+        if pa.types.is_timestamp(table.schema.field(name).type)
+        else table[name].to_pylist()
+        for name in LEDGER_SCHEMA.names
+    }
+    kinds = {kind.value: kind for kind in EventKind}
+    return [
+        LeaseEvent(
+            message_id,
+            kinds[event],
+            attempt,
+            at,
+            lease=lease,
+            lease_expires_at_us=expires,
+            deliver_at_us=deliver_at,
+            consumer=consumer,
+        )
+        for message_id, event, attempt, lease, expires, deliver_at, consumer, at in zip(
+            columns["id"],
+            columns["event"],
+            columns["attempt"],
+            columns["lease"],
+            columns["lease_expires_at"],
+            columns["deliver_at"],
+            columns["consumer"],
+            columns["at"],
+            strict=True,
+        )
+    ]
+
+
+def read_ledger(path: str) -> tuple[list[LeaseEvent], int]:
+    """Every event of the ledger at ``path`` and the version read (-1 if there is none)."""
+    try:
+        dt = DeltaTable(path)
+    except Exception:
+        return [], -1
+    return events_from_arrow(dt.to_pyarrow_table()), int(dt.version())
+
+
+class LedgerWriter(GroupCommitter[list[LeaseEvent]]):
+    """Appends lease events to one channel's ledger, many requests per Delta commit."""
+
+    def __init__(self, path: str, notify: Notify, *, name: str = "") -> None:
+        open_or_create(path, LEDGER_SCHEMA)
+        super().__init__(path, notify, commit_max_bytes=64 * 1024 * 1024, name=name)
+        self._start()
+
+    def submit_events(self, events: list[LeaseEvent], token: object) -> None:
+        self.submit(events, len(events) * EVENT_BYTES, token)
+
+    def _commit(self, batch: list[list[LeaseEvent]]) -> None:
+        events = [event for events in batch for event in events]
+        self._append(events_to_arrow(events))
