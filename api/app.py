@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
-from api import admin, info, publish
+from api import admin, consume, info, publish
 from api.fastpath import PublishFastPath
 from api.responses import error, from_queue_error
 from queue_engine import __version__
@@ -19,7 +19,9 @@ from queue_engine.settings import Settings
 
 DESCRIPTION = """\
 deltaq: NSQ's HTTP API over Delta Lake. Every published message is appended to its topic's
-Delta table; `OK` is sent after the commit. Errors are nsqd's: `{"message": "CODE"}`.
+Delta table; `OK` is sent after the commit. Consumers long-poll `/sub` and answer `/fin`,
+`/req`, `/touch`; every lease change is in the channel's Delta ledger before the answer.
+Errors are nsqd's: `{"message": "CODE"}`.
 """
 
 
@@ -38,6 +40,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="deltaq", version=__version__, description=DESCRIPTION, lifespan=lifespan)
     app.include_router(publish.router)
+    app.include_router(consume.router)
     app.include_router(admin.router)
     app.include_router(info.router)
 
@@ -60,7 +63,6 @@ def create_app(settings: Settings) -> FastAPI:
     return app
 
 
-def create_asgi(settings: Settings) -> FastAPI | PublishFastPath:
+def with_fast_path(app: FastAPI, settings: Settings) -> FastAPI | PublishFastPath:
     """What uvicorn serves: the app, behind the publish fast path unless it is turned off."""
-    app = create_app(settings)
     return PublishFastPath(app) if settings.http_fast_path else app

@@ -30,6 +30,11 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.CHANNEL_NOT_FOUND: 404,
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.METHOD_NOT_ALLOWED: 405,
+    ErrorCode.E_INVALID: 400,
+    # Well-formed, but the message is not in flight under that lease: a conflict with state.
+    ErrorCode.E_FIN_FAILED: 409,
+    ErrorCode.E_REQ_FAILED: 409,
+    ErrorCode.E_TOUCH_FAILED: 409,
     ErrorCode.INTERNAL_ERROR: 500,
     ErrorCode.E_COMMIT_FAILED: 503,
     ErrorCode.EXITING: 503,
@@ -55,9 +60,15 @@ def error_body(code: ErrorCode) -> bytes:
     return json.dumps({"message": str(code)}, separators=(",", ":")).encode()
 
 
-def error(code: ErrorCode, headers: dict[str, str] | None = None) -> Response:
+def error(
+    code: ErrorCode, headers: dict[str, str] | None = None, failed: list[str] | None = None
+) -> Response:
+    """nsqd's error answer; ``failed`` lists the message ids a batch FIN/REQ/TOUCH refused."""
+    body = error_body(code)
+    if failed is not None:
+        body = json.dumps({"message": str(code), "failed": failed}, separators=(",", ":")).encode()
     return Response(
-        error_body(code),
+        body,
         status_code=STATUS[code],
         media_type=JSON_TYPE,
         headers={**NSQ_HEADER, **(headers or {})},
@@ -65,7 +76,7 @@ def error(code: ErrorCode, headers: dict[str, str] | None = None) -> Response:
 
 
 def from_queue_error(exc: QueueError) -> Response:
-    return error(exc.code)
+    return error(exc.code, failed=exc.failed)
 
 
 def error_doc(*codes: ErrorCode) -> dict[int | str, dict[str, Any]]:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import sys
+from types import FrameType
 
 import uvicorn
 
-from api.app import create_asgi
+from api.app import create_app, with_fast_path
 from queue_engine.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -22,8 +23,9 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 def serve(settings: Settings) -> None:
     """Serve until SIGINT/SIGTERM; pending publishes are committed before exit."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    app = create_app(settings)
     config = uvicorn.Config(
-        create_asgi(settings),
+        with_fast_path(app, settings),
         host=settings.host,
         port=settings.port,
         loop="auto",
@@ -36,4 +38,19 @@ def serve(settings: Settings) -> None:
     log.info(
         "deltaq API on http://%s:%d, warehouse %s", settings.host, settings.port, settings.warehouse
     )
-    uvicorn.Server(config).run()
+    _Server(config, app.state).run()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn waits for open requests before shutting down; a long-polling SUB may wait a
+    minute, so on SIGINT/SIGTERM waiting SUBs are answered first (with no messages)."""
+
+    def __init__(self, config: uvicorn.Config, state: object) -> None:
+        super().__init__(config)
+        self._state = state
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        broker = getattr(self._state, "broker", None)
+        if broker is not None:
+            broker.stop_waiting()
+        super().handle_exit(sig, frame)

@@ -331,8 +331,15 @@ class Broker:
         )
 
     def stop_waiting(self) -> None:
-        """The server is stopping: waiting SUBs answer now (with what they have: nothing)."""
+        """The server is stopping: waiting SUBs answer now (with what they have: nothing).
+
+        Safe to call from a signal handler or another thread.
+        """
         self._closing = True
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake_all_closed)
+
+    def _wake_all_closed(self) -> None:
         for runtime in self._channels.values():
             runtime.closed = True
             asyncio.get_running_loop().create_task(runtime.wake())

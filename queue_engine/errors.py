@@ -26,6 +26,11 @@ class ErrorCode(StrEnum):
     INTERNAL_ERROR = "INTERNAL_ERROR"
     # nsqd answers 503 EXITING when a message cannot be put because the daemon is stopping.
     EXITING = "EXITING"
+    # nsqd's consumer-side errors (its TCP protocol's; deltaq serves them over HTTP).
+    E_INVALID = "E_INVALID"
+    E_FIN_FAILED = "E_FIN_FAILED"
+    E_REQ_FAILED = "E_REQ_FAILED"
+    E_TOUCH_FAILED = "E_TOUCH_FAILED"
     # deltaq: the Delta commit carrying the message failed; nothing of it was committed.
     E_COMMIT_FAILED = "E_COMMIT_FAILED"
 
@@ -33,7 +38,9 @@ class ErrorCode(StrEnum):
 class QueueError(Exception):
     """A request the queue refuses; ``code`` is what the client sees."""
 
-    def __init__(self, code: ErrorCode, detail: str = "") -> None:
+    def __init__(self, code: ErrorCode, detail: str = "", failed: list[str] | None = None) -> None:
         super().__init__(f"{code}: {detail}" if detail else str(code))
         self.code = code
         self.detail = detail
+        # For batch FIN/REQ/TOUCH: the message ids that were refused (nothing was applied).
+        self.failed = failed
