@@ -244,12 +244,14 @@ class ChannelQueue:
         """TIMEOUT every lease that ended by ``now_us``; due deferrals become ready."""
         self.promote(now_us)
         events: list[LeaseEvent] = []
-        while self._expiries and self._expiries[0][0] <= now_us:
+        if not self._expiries or self._expiries[0][0] > now_us:
+            return events
+        at = self.clock(now_us)
+        while self._expiries and self._expiries[0][0] <= at:
             _, message_id, attempt = heapq.heappop(self._expiries)
             state = self.states.get(message_id)
             if state is None or not state.in_flight or state.attempts != attempt:
                 continue
-            at = self.clock(now_us)
             event = LeaseEvent(message_id, EventKind.TIMEOUT, attempt, at)
             after = apply(state, event)
             if after is state:

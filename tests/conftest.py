@@ -16,6 +16,7 @@ import httpx
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from pyspark.sql import SparkSession
 
 HOST = "127.0.0.1"
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,6 +100,16 @@ class Server:
 
 def read_topic(warehouse: Path, topic: str) -> pa.Table:
     return DeltaTable(str(warehouse / "topics" / topic.replace("#", "@"))).to_pyarrow_table()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """One local SparkSession for the whole test session (Spark starts in ~6 s)."""
+    from queue_engine.spark.session import build_session
+
+    session = build_session("local[2]", "deltaq-tests")
+    yield session
+    session.stop()
 
 
 @pytest.fixture

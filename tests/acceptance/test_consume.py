@@ -1,0 +1,362 @@
+"""Consumers end to end: a real server, the fanout stream on local Spark, real HTTP clients."""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pyspark.sql import SparkSession
+
+from queue_engine.spark.fanout_stream import start_fanout
+from queue_engine.store.tables import Warehouse
+from tests.conftest import Server
+
+
+@pytest.fixture(scope="module")
+def warehouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("consume") / "wh"
+
+
+@pytest.fixture(scope="module")
+def fanout(spark: SparkSession, warehouse: Path) -> Iterator[None]:
+    """The fanout query, running for the whole module (the servers come and go)."""
+    query = start_fanout(spark, Warehouse(str(warehouse)), once=False)
+    yield
+    query.stop()
+
+
+@pytest.fixture(scope="module")
+def server(warehouse: Path, fanout: None) -> Iterator[Server]:
+    s = Server(warehouse, env={"DELTAQ_MAX_REQ_TIMEOUT_MS": "5000"}).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def http(server: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=70) as c:
+        yield c
+
+
+def sub(c: httpx.Client, topic: str, channel: str, **params: Any) -> list[dict[str, Any]]:
+    r = c.get("/sub", params={"topic": topic, "channel": channel, **params})
+    assert r.status_code == 200, r.text
+    messages: list[dict[str, Any]] = r.json()["messages"]
+    return messages
+
+
+def answer(
+    c: httpx.Client, verb: str, topic: str, channel: str, *messages: dict[str, Any], **params: Any
+) -> httpx.Response:
+    body = "".join(f"{m['id']} {m['lease']}\n" for m in messages)
+    return c.post(f"/{verb}", params={"topic": topic, "channel": channel, **params}, content=body)
+
+
+def channel_stats(c: httpx.Client, topic: str, channel: str) -> dict[str, Any]:
+    stats = c.get("/stats", params={"format": "json", "topic": topic, "channel": channel}).json()
+    [t] = stats["topics"]
+    [ch] = t["channels"]
+    result: dict[str, Any] = ch
+    return result
+
+
+def create_channel(c: httpx.Client, topic: str, channel: str) -> None:
+    assert c.post("/topic/create", params={"topic": topic}).is_success
+    assert c.post("/channel/create", params={"topic": topic, "channel": channel}).is_success
+
+
+def body(m: dict[str, Any]) -> bytes:
+    return base64.b64decode(m["body"])
+
+
+def test_sub_creates_topic_and_channel_and_long_polls_until_a_publish(
+    http: httpx.Client, server: Server
+) -> None:
+    assert sub(http, "lp", "c", wait_ms=0) == []
+    names = {t["topic_name"]: t for t in http.get("/stats?format=json").json()["topics"]}
+    assert [c["channel_name"] for c in names["lp"]["channels"]] == ["c"]
+
+    got: list[dict[str, Any]] = []
+    waiter = threading.Thread(target=lambda: got.extend(sub(http, "lp", "c", wait_ms=30000)))
+    waiter.start()
+    time.sleep(0.3)
+    assert http.post("/pub", params={"topic": "lp"}, content=b"hello").text == "OK"
+    waiter.join(35)
+    [message] = got
+    assert body(message) == b"hello" and message["attempts"] == 1
+    assert len(message["id"]) == 16 and message["timestamp"] > 1_600_000_000 * 10**9
+    assert answer(http, "fin", "lp", "c", message).text == "OK"
+
+
+def test_many_consumers_on_two_channels_each_get_every_message_once(
+    http: httpx.Client, server: Server
+) -> None:
+    for ch in ("one", "two"):
+        create_channel(http, "load", ch)
+    sent = [f"m{i}".encode() for i in range(1500)]
+    for i in range(0, len(sent), 250):
+        assert (
+            http.post("/mpub", params={"topic": "load"}, content=b"\n".join(sent[i : i + 250])).text
+            == "OK"
+        )
+
+    received: dict[str, list[bytes]] = {"one": [], "two": []}
+    leased: dict[str, Counter[str]] = {"one": Counter(), "two": Counter()}
+    lock = threading.Lock()
+    deadline = time.monotonic() + 90
+
+    def consume(channel: str, name: str) -> None:
+        with httpx.Client(base_url=server.url, timeout=70) as c:
+            while time.monotonic() < deadline:
+                with lock:
+                    if len(received[channel]) >= len(sent):
+                        return
+                messages = sub(c, "load", channel, max=40, wait_ms=500, consumer=name)
+                if not messages:
+                    continue
+                with lock:
+                    received[channel].extend(body(m) for m in messages)
+                    leased[channel].update(m["id"] for m in messages)
+                assert all(m["attempts"] == 1 for m in messages)
+                assert answer(c, "fin", "load", channel, *messages).text == "OK"
+
+    threads = [
+        threading.Thread(target=consume, args=(ch, f"{ch}-{i}"))
+        for ch in ("one", "two")
+        for i in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for ch in ("one", "two"):
+        # Every message reached every channel, and no message was leased twice (leases are
+        # 60 s and every one was FIN'd, so a second lease would be a second consumer).
+        assert sorted(received[ch]) == sorted(sent)
+        assert max(leased[ch].values()) == 1
+        stats = channel_stats(http, "load", ch)
+        assert stats["depth"] == 0 and stats["in_flight_count"] == 0
+        assert stats["message_count"] == len(sent)
+        assert stats["client_count"] == 4
+
+
+def test_req_with_and_without_delay(http: httpx.Client) -> None:
+    assert http.post("/pub", params={"topic": "rq"}, content=b"again").text == "OK"
+    create_channel(http, "rq", "c")
+    # The first channel of a topic receives what the topic buffered.
+    [m1] = sub(http, "rq", "c", wait_ms=30000)
+    assert answer(http, "req", "rq", "c", m1).text == "OK"
+    [m2] = sub(http, "rq", "c", wait_ms=5000)
+    assert m2["id"] == m1["id"] and m2["attempts"] == 2 and m2["lease"] != m1["lease"]
+    started = time.monotonic()
+    assert answer(http, "req", "rq", "c", m2, delay_ms=1500).text == "OK"
+    assert sub(http, "rq", "c", wait_ms=500) == []
+    assert channel_stats(http, "rq", "c")["deferred_count"] == 1
+    [m3] = sub(http, "rq", "c", wait_ms=10000)
+    assert time.monotonic() - started >= 1.4
+    assert m3["attempts"] == 3
+    # A huge delay is clamped to max_req_timeout (5 s here), not refused.
+    assert answer(http, "req", "rq", "c", m3, delay_ms=10**9).text == "OK"
+    stats = channel_stats(http, "rq", "c")
+    assert stats["requeue_count"] == 3 and stats["deferred_count"] == 1
+
+
+def test_touch_keeps_a_lease_past_its_first_timeout_and_expired_leases_come_back(
+    http: httpx.Client,
+) -> None:
+    create_channel(http, "tt", "c")
+    assert http.post("/mpub", params={"topic": "tt"}, content=b"kept\nlost").text == "OK"
+    deadline = time.monotonic() + 30
+    leased: list[dict[str, Any]] = []
+    while len(leased) < 2 and time.monotonic() < deadline:
+        leased += sub(http, "tt", "c", max=2, wait_ms=2000, msg_timeout_ms=1000)
+    kept, lost = sorted(leased, key=body)
+    assert (body(kept), body(lost)) == (b"kept", b"lost")
+    for _ in range(3):
+        time.sleep(0.5)
+        assert answer(http, "touch", "tt", "c", kept).text == "OK"
+    # 1.5 s after delivery: "kept" is still leased; "lost" timed out and is delivered again.
+    [again] = sub(http, "tt", "c", wait_ms=3000, msg_timeout_ms=30000)
+    assert again["id"] == lost["id"] and again["attempts"] == 2
+    # The first consumer's lease on "lost" is stale now.
+    r = answer(http, "fin", "tt", "c", lost)
+    assert r.status_code == 409 and r.json() == {"message": "E_FIN_FAILED", "failed": [lost["id"]]}
+    assert answer(http, "touch", "tt", "c", lost).status_code == 409
+    assert answer(http, "req", "tt", "c", lost).json()["message"] == "E_REQ_FAILED"
+    assert answer(http, "fin", "tt", "c", kept, again).text == "OK"
+    stats = channel_stats(http, "tt", "c")
+    assert stats["timeout_count"] == 1 and stats["in_flight_count"] == 0
+
+
+def test_a_paused_channel_delivers_nothing_until_unpaused(http: httpx.Client) -> None:
+    create_channel(http, "pz", "c")
+    assert http.post("/channel/pause", params={"topic": "pz", "channel": "c"}).is_success
+    assert http.post("/pub", params={"topic": "pz"}, content=b"x").text == "OK"
+    deadline = time.monotonic() + 30
+    while channel_stats(http, "pz", "c")["depth"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sub(http, "pz", "c", wait_ms=300) == []
+    assert http.post("/channel/unpause", params={"topic": "pz", "channel": "c"}).is_success
+    [m] = sub(http, "pz", "c", wait_ms=5000)
+    assert body(m) == b"x"
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "code", "status"),
+    [
+        ("/sub", {"channel": "c"}, "MISSING_ARG_TOPIC", 400),
+        ("/sub", {"topic": "t"}, "MISSING_ARG_CHANNEL", 400),
+        ("/sub", {"topic": "t!", "channel": "c"}, "INVALID_TOPIC", 400),
+        ("/sub", {"topic": "t", "channel": "c", "max": "0"}, "E_INVALID", 400),
+        ("/sub", {"topic": "t", "channel": "c", "max": "2501"}, "E_INVALID", 400),
+        ("/sub", {"topic": "t", "channel": "c", "max": "9" * 40}, "E_INVALID", 400),
+        ("/sub", {"topic": "t", "channel": "c", "max": "ten"}, "E_INVALID", 400),
+        ("/sub", {"topic": "t", "channel": "c", "wait_ms": "60001"}, "E_INVALID", 400),
+        ("/sub", {"topic": "t", "channel": "c", "msg_timeout_ms": "999"}, "E_INVALID", 400),
+        ("/sub", {"topic": "t", "channel": "c", "msg_timeout_ms": "900001"}, "E_INVALID", 400),
+    ],
+)
+def test_bad_sub_parameters(
+    http: httpx.Client, path: str, params: dict[str, str], code: str, status: int
+) -> None:
+    r = http.get(path, params=params)
+    assert (r.status_code, r.json()) == (status, {"message": code})
+
+
+def test_bad_answers(http: httpx.Client) -> None:
+    assert sub(http, "bad", "c", wait_ms=0) == []
+    base = {"topic": "bad", "channel": "c"}
+    cases: list[tuple[str, dict[str, Any], bytes, int, str]] = [
+        (
+            "/fin",
+            {**base, "id": "0123456789abcdef", "lease": "1-0123456789ab"},
+            b"",
+            409,
+            "E_FIN_FAILED",
+        ),
+        (
+            "/touch",
+            {**base, "id": "0123456789abcdef", "lease": "1-0123456789ab"},
+            b"",
+            409,
+            "E_TOUCH_FAILED",
+        ),
+        ("/fin", {**base, "id": "not-an-id", "lease": "1-0123456789ab"}, b"", 400, "E_INVALID"),
+        ("/fin", {**base, "id": "0123456789abcdef", "lease": "garbage"}, b"", 400, "E_INVALID"),
+        ("/fin", {**base, "id": "0123456789abcdef"}, b"", 400, "E_INVALID"),
+        ("/fin", base, b"", 400, "E_INVALID"),
+        ("/fin", base, b"0123456789abcdef\n", 400, "E_INVALID"),
+        (
+            "/req",
+            {**base, "delay_ms": "soon"},
+            b"0123456789abcdef 1-0123456789ab",
+            400,
+            "E_INVALID",
+        ),
+        (
+            "/fin",
+            {"topic": "bad", "channel": "nope"},
+            b"0123456789abcdef 1-0123456789ab",
+            404,
+            "CHANNEL_NOT_FOUND",
+        ),
+        (
+            "/fin",
+            {"topic": "nope", "channel": "c"},
+            b"0123456789abcdef 1-0123456789ab",
+            404,
+            "TOPIC_NOT_FOUND",
+        ),
+    ]
+    for path, params, content, status, code in cases:
+        r = http.post(path, params=params, content=content)
+        assert (r.status_code, r.json()["message"]) == (status, code), (path, params, content)
+    # Nothing was written to the ledger by any of them.
+    assert channel_stats(http, "bad", "c")["requeue_count"] == 0
+
+
+def test_leases_survive_a_restart(http: httpx.Client, server: Server) -> None:
+    create_channel(http, "rs", "c")
+    assert http.post("/mpub", params={"topic": "rs"}, content=b"a\nb\nc").text == "OK"
+    leased: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 30
+    while len(leased) < 3 and time.monotonic() < deadline:
+        leased += sub(http, "rs", "c", max=3, wait_ms=2000)
+    a, b, c = sorted(leased, key=body)
+    assert answer(http, "fin", "rs", "c", a).text == "OK"
+    assert answer(http, "req", "rs", "c", b).text == "OK"
+
+    server.stop()
+    server.start()
+    # b was requeued: delivered again; c is still leased (60 s): nobody else gets it;
+    # a was finished: never again.
+    [again] = sub(http, "rs", "c", max=10, wait_ms=3000)
+    assert again["id"] == b["id"] and again["attempts"] == 2
+    assert sub(http, "rs", "c", max=10, wait_ms=300) == []
+    # The lease handed out before the restart still answers.
+    assert answer(http, "fin", "rs", "c", c, again).text == "OK"
+    stats = channel_stats(http, "rs", "c")
+    assert (stats["depth"], stats["in_flight_count"], stats["requeue_count"]) == (0, 0, 1)
+
+
+@pytest.mark.slow
+def test_kill9_mid_consumption_loses_nothing_and_resurrects_nothing(
+    http: httpx.Client, server: Server
+) -> None:
+    create_channel(http, "k9", "c")
+    sent = {f"k{i}".encode() for i in range(3000)}
+    ordered = sorted(sent)
+    for i in range(0, len(ordered), 500):
+        assert (
+            http.post(
+                "/mpub", params={"topic": "k9"}, content=b"\n".join(ordered[i : i + 500])
+            ).text
+            == "OK"
+        )
+
+    finished: dict[bytes, str] = {}  # body -> id, FIN answered OK
+    delivered_after_fin: list[bytes] = []
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def consume() -> None:
+        with httpx.Client(base_url=server.url, timeout=10) as c:
+            while not stop.is_set():
+                try:
+                    messages = sub(c, "k9", "c", max=25, wait_ms=500, msg_timeout_ms=1000)
+                    with lock:
+                        delivered_after_fin.extend(body(m) for m in messages if body(m) in finished)
+                    if messages and answer(c, "fin", "k9", "c", *messages).text == "OK":
+                        with lock:
+                            finished.update({body(m): m["id"] for m in messages})
+                except (httpx.HTTPError, AssertionError):
+                    time.sleep(0.05)  # the server is down or restarting
+
+    threads = [threading.Thread(target=consume) for _ in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while len(finished) < 800 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    server.kill9()
+    before_kill = dict(finished)
+    assert 0 < len(before_kill) < len(sent)
+    server.start()
+    deadline = time.monotonic() + 90
+    while len(finished) < len(sent) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    # Nothing lost: every message was finished; nothing FIN'd (OK answered) came back.
+    assert set(finished) == sent
+    assert delivered_after_fin == []
+    stats = channel_stats(http, "k9", "c")
+    assert (stats["depth"], stats["in_flight_count"]) == (0, 0)

@@ -1,0 +1,226 @@
+"""The fold of lease events: random histories never break the queue's promises."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from queue_engine.channel_queue import Answer, ChannelQueue, SettleError
+from queue_engine.lease import FRESH, EventKind, LeaseEvent, MessageState, apply, fold
+
+LEASES = ["1-aaaaaaaaaaaa", "2-bbbbbbbbbbbb", "3-cccccccccccc", "2-dddddddddddd"]
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> list[LeaseEvent]:
+    """Arbitrary (often nonsensical) event sequences for one message, times increasing."""
+    count = draw(st.integers(0, 30))
+    events = []
+    at = 0
+    for _ in range(count):
+        at += draw(st.integers(1, 50))
+        kind = draw(st.sampled_from(list(EventKind)))
+        attempt = draw(st.integers(1, 4))
+        lease = draw(st.sampled_from(LEASES))
+        expires = at + draw(st.integers(0, 80))
+        events.append(
+            LeaseEvent(
+                "m",
+                kind,
+                attempt,
+                at,
+                lease=lease,
+                lease_expires_at_us=expires
+                if kind in (EventKind.DELIVER, EventKind.TOUCH)
+                else None,
+                deliver_at_us=at + draw(st.integers(0, 60)) if kind is EventKind.REQ else None,
+            )
+        )
+    return events
+
+
+@given(histories())
+@settings(max_examples=400, deadline=None)
+def test_no_two_valid_leases_no_resurrection_attempts_counted(events: list[LeaseEvent]) -> None:
+    state = FRESH
+    delivers = 0
+    # The end of the current lease: when it was given back (REQ/FIN), or the TIMEOUT's time.
+    lease_end: int | None = None
+    lease_expires: int | None = None
+    finished = False
+    for event in events:
+        after = apply(state, event)
+        accepted = after is not state
+        if finished:
+            assert not accepted, "an event was accepted after FIN"
+        if accepted and event.kind is EventKind.DELIVER:
+            if delivers:
+                # The previous lease had ended (handed back, or timed out at/after its expiry).
+                assert lease_end is not None and lease_end <= event.at_us
+            delivers += 1
+            assert event.attempt == delivers
+            lease_end, lease_expires = None, event.lease_expires_at_us
+        elif accepted and event.kind is EventKind.TOUCH:
+            lease_end, lease_expires = None, event.lease_expires_at_us
+        elif accepted and event.kind is EventKind.TIMEOUT:
+            assert lease_expires is not None and lease_expires <= event.at_us
+            lease_end = event.at_us
+        elif accepted and event.kind in (EventKind.REQ, EventKind.FIN):
+            lease_end = event.at_us
+            finished = event.kind is EventKind.FIN
+        state = after
+        assert state.attempts == delivers
+        assert state.finished == finished
+    # Folding in any arrival order gives the same state: the fold orders by event time.
+    shuffled = list(events)
+    random.Random(len(events)).shuffle(shuffled)
+    assert fold(shuffled).get("m", FRESH) == state
+
+
+@st.composite
+def operations(draw: st.DrawFn) -> list[tuple[str, int, int]]:
+    """Random consumer traffic: (op, message index or batch size, time step)."""
+    ops = st.tuples(
+        st.sampled_from(["take", "fin", "req", "req_delay", "touch", "stale_fin", "expire"]),
+        st.integers(0, 5),
+        st.integers(0, 40),
+    )
+    return draw(st.lists(ops, max_size=60))
+
+
+@given(operations())
+@settings(max_examples=300, deadline=None)
+def test_the_live_queue_is_the_fold_of_what_it_wrote(ops: list[tuple[str, int, int]]) -> None:
+    """Memory (ChannelQueue) equals the fold of the ledger events it produced, at every step;
+    and a message is never leased twice at once."""
+    queue = ChannelQueue()
+    ids = [f"{i:016x}" for i in range(6)]
+    now = 1_000
+    queue.add(ids, [b"x"] * 6, [0] * 6, [None, None, None, None, None, now + 50], now)
+    ledger: list[LeaseEvent] = []
+    held: dict[str, str] = {}  # message id -> lease the "consumer" holds
+    for op, n, step in ops:
+        now += step
+        if op == "take":
+            deliveries, events = queue.take(n + 1, now, 30, "c")
+            for d in deliveries:
+                holder = queue.states[d.id]
+                assert holder.in_flight and holder.lease == d.lease
+            ledger += events
+            held.update({d.id: d.lease for d in deliveries})
+        elif op == "expire":
+            ledger += queue.expire(now)
+        elif held:
+            message_id = sorted(held)[n % len(held)]
+            lease = held[message_id]
+            if op == "stale_fin":
+                lease = "9-ffffffffffff"
+            kind = {
+                "fin": EventKind.FIN,
+                "stale_fin": EventKind.FIN,
+                "req": EventKind.REQ,
+                "req_delay": EventKind.REQ,
+                "touch": EventKind.TOUCH,
+            }[op]
+            try:
+                ledger += queue.settle(
+                    kind,
+                    [Answer(message_id, lease)],
+                    now,
+                    delay_us=25 if op == "req_delay" else 0,
+                    max_lease_us=100,
+                )
+            except SettleError:
+                assert (
+                    op == "stale_fin"
+                    or queue.states.get(message_id) is None
+                    or not (
+                        queue.states[message_id].in_flight or queue.states[message_id].timed_out
+                    )
+                    or queue.states[message_id].lease != lease
+                )
+            else:
+                assert op != "stale_fin"
+                if kind is not EventKind.TOUCH:
+                    held.pop(message_id)
+        folded = fold(ledger)
+        for message_id in ids:
+            live = queue.states.get(message_id)
+            expected = folded.get(message_id)
+            if expected is None:
+                assert live is not None and live.attempts == 0
+            elif expected.finished:
+                assert live is None
+            else:
+                assert live == expected
+        assert queue.ready_count + len(queue.in_flight) + len(queue.deferred) == len(queue)
+
+
+def test_touch_never_extends_past_delivery_plus_max_msg_timeout() -> None:
+    queue = ChannelQueue()
+    queue.add(["0000000000000001"], [b"x"], [0], [None], 0)
+    [delivery], _ = queue.take(1, 1_000, 400, "c")
+    for now in (1_300, 1_600, 1_900):
+        queue.settle(
+            EventKind.TOUCH, [Answer(delivery.id, delivery.lease)], now, max_lease_us=1_000
+        )
+    # Delivered at 1000 with max 1000: capped at 2000, not 1900 + 400.
+    assert queue.states[delivery.id].lease_expires_at_us == 2_000
+    assert queue.expire(1_999) == []
+    [timeout] = queue.expire(2_000)
+    assert timeout.kind is EventKind.TIMEOUT
+
+
+def test_a_late_fin_wins_over_a_timeout_until_the_message_is_delivered_again() -> None:
+    queue = ChannelQueue()
+    queue.add(["0000000000000001", "0000000000000002"], [b"a", b"b"], [0, 0], [None, None], 0)
+    (first, second), _ = queue.take(2, 10, 100, "c")
+    assert len(queue.expire(200)) == 2
+    # first: answered after its timeout, before anyone else took it: the FIN counts.
+    queue.settle(EventKind.FIN, [Answer(first.id, first.lease)], 210)
+    assert first.id not in queue.states
+    # second: delivered again, so the old lease is stale.
+    [again], _ = queue.take(5, 220, 100, "c")
+    assert again.id == second.id and again.attempts == 2
+    try:
+        queue.settle(EventKind.FIN, [Answer(second.id, second.lease)], 230)
+    except SettleError as exc:
+        assert exc.failed == [second.id]
+    else:
+        raise AssertionError("a stale lease was accepted")
+
+
+def test_batch_answers_are_all_or_nothing() -> None:
+    queue = ChannelQueue()
+    queue.add(["0000000000000001", "0000000000000002"], [b"a", b"b"], [0, 0], [None, None], 0)
+    (one, two), _ = queue.take(2, 10, 100, "c")
+    try:
+        queue.settle(
+            EventKind.FIN, [Answer(one.id, one.lease), Answer(two.id, "1-000000000000")], 20
+        )
+    except SettleError as exc:
+        assert exc.failed == [two.id]
+    assert queue.states[one.id].in_flight  # nothing applied
+    # The same id twice in one batch: the second FIN is not valid after the first.
+    try:
+        queue.settle(EventKind.FIN, [Answer(one.id, one.lease), Answer(one.id, one.lease)], 30)
+    except SettleError as exc:
+        assert exc.failed == [one.id]
+    assert queue.states[one.id].in_flight
+
+
+def test_deferred_messages_wait_for_their_time_and_req_delay_defers() -> None:
+    queue = ChannelQueue()
+    queue.add(["0000000000000001"], [b"a"], [0], [500], 0)
+    assert queue.take(1, 499, 100, "c")[0] == [] and len(queue.deferred) == 1
+    [d], _ = queue.take(1, 500, 100, "c")
+    queue.settle(EventKind.REQ, [Answer(d.id, d.lease)], 510, delay_us=50)
+    assert queue.take(1, 550, 100, "c")[0] == []
+    [again], _ = queue.take(1, 562, 100, "c")
+    assert again.attempts == 2 and queue.requeue_count == 1
+
+
+def test_states_are_immutable_values() -> None:
+    assert MessageState() == FRESH
