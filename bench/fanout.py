@@ -13,15 +13,10 @@
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -30,89 +25,34 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from loadgen import run  # noqa: E402
+from procs import HOST, api_process, fanout_process, free_port, post, stop  # noqa: E402
 
 from queue_engine.store.commit_log import added_files, latest_version  # noqa: E402
-
-HOST = "127.0.0.1"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def _post(port: int, path: str, body: bytes = b"") -> str:
-    req = urllib.request.Request(f"http://{HOST}:{port}{path}", data=body, method="POST")
-    with urllib.request.urlopen(req) as r:
-        return str(r.read().decode())
-
-
-def _api(warehouse: Path, port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "deltaq", "api", "--warehouse", str(warehouse), "--port", str(port)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    for _ in range(200):
-        try:
-            urllib.request.urlopen(f"http://{HOST}:{port}/ping").read()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("API did not start")
-
-
-def _fanout(warehouse: Path, *extra: str) -> subprocess.Popen[bytes]:
-    log = open(warehouse.parent / "fanout.log", "ab")  # noqa: SIM115 - owned by the child
-    return subprocess.Popen(
-        [sys.executable, "-m", "jobs.fanout", "--warehouse", str(warehouse), *extra],
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-def _stop(proc: subprocess.Popen[bytes], group: bool = False) -> None:
-    if proc.poll() is None:
-        if group:
-            os.killpg(proc.pid, signal.SIGTERM)
-        else:
-            proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            if group:
-                os.killpg(proc.pid, signal.SIGKILL)
-            else:
-                proc.kill()
 
 
 def latency(rate: int, seconds: float) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         wh = Path(tmp) / "wh"
-        port = _port()
-        api = _api(wh, port)
+        port = free_port()
+        api = api_process(wh, port)
         fanout = None
         try:
-            _post(port, "/topic/create?topic=lat")
-            _post(port, "/channel/create?topic=lat&channel=c")
-            fanout = _fanout(wh)
+            post(port, "/topic/create?topic=lat")
+            post(port, "/channel/create?topic=lat&channel=c")
+            fanout = fanout_process(wh)
             channel = wh / "channels" / "lat" / "c" / "messages"
             # Wait for the job to be up: publish probes until one shows up in the channel.
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and not (channel / "_delta_log").exists():
-                _post(port, "/pub?topic=lat", b"warmup 0")
+                post(port, "/pub?topic=lat", b"warmup 0")
                 time.sleep(0.5)
             known = latest_version(str(channel))
             samples: list[float] = []
-            stop = threading.Event()
+            done = threading.Event()
 
             def tail() -> None:
                 nonlocal known
-                while not stop.is_set():
+                while not done.is_set():
                     latest = latest_version(str(channel), known)
                     if latest > known:
                         now = time.time_ns()
@@ -130,12 +70,12 @@ def latency(rate: int, seconds: float) -> None:
             next_at = time.monotonic()
             sent = 0
             while time.monotonic() < end:
-                _post(port, "/pub?topic=lat", f"t {time.time_ns()}".encode())
+                post(port, "/pub?topic=lat", f"t {time.time_ns()}".encode())
                 sent += 1
                 next_at += interval
                 time.sleep(max(0.0, next_at - time.monotonic()))
             time.sleep(3)
-            stop.set()
+            done.set()
             batches = [
                 line
                 for line in (wh.parent / "fanout.log").read_text().splitlines()
@@ -155,27 +95,27 @@ def latency(rate: int, seconds: float) -> None:
             )
         finally:
             if fanout is not None:
-                _stop(fanout, group=True)
-            _stop(api)
+                stop(fanout, group=True)
+            stop(api)
 
 
 def backlog(count: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         empty = Path(tmp) / "empty"
-        port = _port()
-        api = _api(empty, port)
-        _post(port, "/topic/create?topic=b")
-        _post(port, "/channel/create?topic=b&channel=c")
-        _stop(api)
+        port = free_port()
+        api = api_process(empty, port)
+        post(port, "/topic/create?topic=b")
+        post(port, "/channel/create?topic=b&channel=c")
+        stop(api)
         t = time.perf_counter()
-        assert _fanout(empty, "--once").wait(600) == 0
+        assert fanout_process(empty, "--once").wait(600) == 0
         fixed = time.perf_counter() - t
 
         wh = Path(tmp) / "wh"
-        port = _port()
-        api = _api(wh, port)
-        _post(port, "/topic/create?topic=b")
-        _post(port, "/channel/create?topic=b&channel=c")
+        port = free_port()
+        api = api_process(wh, port)
+        post(port, "/topic/create?topic=b")
+        post(port, "/channel/create?topic=b&channel=c")
         body = b"\n".join([b"x" * 200] * 1000)
         published = 0
         t = time.perf_counter()
@@ -183,9 +123,9 @@ def backlog(count: int) -> None:
             r = run(HOST, port, "/mpub?topic=b", body, 8, 1.0)
             published += r.requests * 1000
         fill = time.perf_counter() - t
-        _stop(api)
+        stop(api)
         t = time.perf_counter()
-        code = _fanout(wh, "--once").wait(1800)
+        code = fanout_process(wh, "--once").wait(1800)
         if code != 0:
             print((Path(tmp) / "fanout.log").read_text()[-4000:])
             raise SystemExit(f"fanout --once failed with {code}")

@@ -12,6 +12,8 @@ it surfaces, so every transition is O(1) or O(log n).
 from __future__ import annotations
 
 import heapq
+import random
+import re
 import secrets
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -47,21 +49,22 @@ class SettleError(Exception):
         self.failed = failed
 
 
+_LEASE = re.compile(r"^([0-9]{1,9})-[0-9a-f]{12}$")
+# Nonces tell one delivery's lease from another's; they guard against mistakes, not attackers
+# (anyone who can reach the API can FIN), so a seeded PRNG is enough and much cheaper than
+# os.urandom per message.
+_NONCES = random.Random(secrets.randbits(64))
+
+
 def lease_attempt(lease: str) -> int | None:
     """The attempt a lease token names, or None if it is not a lease token."""
-    attempt, sep, nonce = lease.partition("-")
-    if not sep or not attempt.isdigit() or len(nonce) != 12 or not _is_hex(nonce):
-        return None
-    return int(attempt)
-
-
-def _is_hex(text: str) -> bool:
-    return all(c in "0123456789abcdef" for c in text)
+    match = _LEASE.match(lease)
+    return int(match.group(1)) if match else None
 
 
 def new_lease(attempt: int) -> str:
     """An opaque lease token: the attempt it leases and a random nonce (stale ones differ)."""
-    return f"{attempt}-{secrets.token_hex(6)}"
+    return f"{attempt}-{_NONCES.getrandbits(48):012x}"
 
 
 class ChannelQueue:

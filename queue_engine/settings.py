@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     # Compact once a table has this many files smaller than compact_target_file_bytes.
     compact_min_small_files: int = 200
     compact_target_file_bytes: int = 64 * 1024 * 1024
+    # At most one compaction of a table per this many seconds: a ledger takes hundreds of
+    # commits a second under load, and each compaction rewrites the table's small files.
+    compact_interval_s: int = 60
     # Files removed by compaction are deleted only after this long, so a reader that is behind
     # (the fanout job, a Spark query, time travel) never finds its files gone.
     vacuum_retention_hours: int = 168

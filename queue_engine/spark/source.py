@@ -53,7 +53,7 @@ from queue_engine.registry import Registry
 from queue_engine.store.append_once import append_once
 from queue_engine.store.commit_log import AddedFile, added_files, latest_version
 from queue_engine.store.registry_store import RegistryReader
-from queue_engine.store.tables import TOPIC_SCHEMA, Warehouse
+from queue_engine.store.tables import TOPIC_SCHEMA, Warehouse, filesystem
 
 # Each Python task costs ~30 ms to start: group files so a task has real work.
 DEFAULT_FILES_PER_PARTITION = 256
@@ -184,20 +184,39 @@ _FILTER_TYPES = {cls.__name__: cls for cls in _PUSHABLE}
 def _read_files(
     files: Sequence[FileRef], schema: pa.Schema, with_topic: bool
 ) -> Iterator[pa.RecordBatch]:
-    """The rows of ``files``, as few large batches: each batch handed to Spark has a fixed cost
-    (measured ~10 ms), so one batch per small file made a 500-file micro-batch take seconds."""
+    """The rows of ``files``, as few large batches.
+
+    Each batch handed to Spark has a fixed cost (measured ~10 ms), so one batch per small file
+    made a 500-file micro-batch take seconds; and opening files one ``pq.read_table`` at a time
+    costs ~0.6 ms each, so one dataset scan reads them all (in parallel, in order) instead.
+    """
     if not files:
         return
-    tables = []
-    for path, topic, version in files:
-        table = pq.read_table(path)
-        if with_topic:
-            n = table.num_rows
-            table = table.cast(TOPIC_SCHEMA)
-            table = table.add_column(0, "topic", pa.array([topic] * n, pa.string()))
-            table = table.append_column("topic_version", pa.array([version] * n, pa.int64()))
-        tables.append(table.cast(schema))
-    combined = pa.concat_tables(tables).combine_chunks()
+    paths = [path for path, _, _ in files]
+    fs, _ = filesystem(paths[0])
+    dataset = ds.dataset(
+        [filesystem(p)[1] for p in paths],
+        format="parquet",
+        filesystem=fs,
+        schema=TOPIC_SCHEMA if with_topic else schema,
+    )
+    if not with_topic:
+        table = dataset.to_table()
+    else:
+        owners = {filesystem(path)[1]: (topic, version) for path, topic, version in files}
+        batches: list[pa.RecordBatch] = []
+        topics: list[str | None] = []
+        versions: list[int] = []
+        for tagged in dataset.scanner().scan_batches():
+            batch = tagged.record_batch
+            topic, version = owners[tagged.fragment.path]
+            batches.append(batch)
+            topics.extend([topic] * batch.num_rows)
+            versions.extend([version] * batch.num_rows)
+        table = pa.Table.from_batches(batches, schema=TOPIC_SCHEMA)
+        table = table.add_column(0, "topic", pa.array(topics, pa.string()))
+        table = table.append_column("topic_version", pa.array(versions, pa.int64()))
+    combined = table.cast(schema).combine_chunks()
     yield from combined.to_batches(max_chunksize=_BATCH_ROWS)
 
 

@@ -26,6 +26,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import PostCommitHookProperties
 
 from queue_engine import __version__
+from queue_engine.store.spare_files import SpareFiles
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,9 @@ class Appender(Protocol):
     def reopen(self) -> None:
         """Start from a fresh view of the table (after a checkpoint or an error)."""
 
+    def close(self) -> None:
+        """Release what the appender holds (no more appends follow)."""
+
 
 class DeltaRsAppender:
     """Appends through delta-rs with one long-lived handle (any storage, any protocol)."""
@@ -54,6 +58,9 @@ class DeltaRsAppender:
 
     def reopen(self) -> None:
         self._dt = DeltaTable(self.path)
+
+    def close(self) -> None:
+        pass
 
     def append(self, table: pa.Table) -> int:
         for attempt in range(1, _ATTEMPTS + 1):
@@ -79,19 +86,29 @@ class LocalAppender:
         self.path = os.path.abspath(path)
         self._log_dir = os.path.join(self.path, "_delta_log")
         self._next_version = DeltaTable(path).version() + 1
+        self._spares = SpareFiles(self.path)
 
     def reopen(self) -> None:
         self._next_version = max(self._next_version, DeltaTable(self.path).version() + 1)
 
+    def close(self) -> None:
+        self._spares.close()
+
     def append(self, table: pa.Table) -> int:
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         file_path = os.path.join(self.path, name)
-        pq.write_table(table, file_path, compression="snappy")
+        buffer = pa.BufferOutputStream()
+        pq.write_table(table, buffer, compression="snappy")
+        data = buffer.getvalue()
+        spare = self._spares.take()
+        _write_empty_file(spare, data)
+        # Renamed into place only once complete: the data file never exists half-written.
+        os.rename(spare, file_path)
         now_ms = int(time.time() * 1000)
         add = {
             "path": name,
             "partitionValues": {},
-            "size": os.path.getsize(file_path),
+            "size": data.size,
             "modificationTime": now_ms,
             "dataChange": True,
             "stats": json.dumps(_stats(table), separators=(",", ":")),
@@ -110,9 +127,8 @@ class LocalAppender:
             + json.dumps({"add": add}, separators=(",", ":"))
             + "\n"
         ).encode()
-        staging = os.path.join(self._log_dir, f".deltaq-{uuid.uuid4().hex}.json.tmp")
-        with open(staging, "wb") as f:
-            f.write(entry)
+        staging = self._spares.take()
+        _write_empty_file(staging, entry)
         try:
             for _ in range(_MAX_LINK_RACES):
                 version = self._next_version
@@ -138,6 +154,18 @@ class LocalAppender:
                 action = json.loads(line)
                 if "metaData" in action or "protocol" in action:
                     raise ProtocolChangedError(target)
+
+
+def _write_empty_file(path: str, data: bytes | pa.Buffer) -> None:
+    """Write ``data`` into an existing empty file. Opening without O_TRUNC (the file is empty)
+    is ~30x cheaper than ``open(path, "wb")`` on the ext4 disks measured here."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 class ProtocolChangedError(RuntimeError):

@@ -114,6 +114,7 @@ class GroupCommitter(ABC, Generic[T]):
             self._cond.notify()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+        self._appender.close()
 
     # -- the commit thread ----------------------------------------------------------------
 
@@ -158,6 +159,7 @@ class GroupCommitter(ABC, Generic[T]):
             return self._appender.append(table)
         except ProtocolChangedError:
             log.warning("%s changed protocol or metadata; appending through delta-rs", self.path)
+            self._appender.close()
             self._appender = DeltaRsAppender(self.path)
             return self._appender.append(table)
 

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Upkeep:
     last_checkpoint_version: int = -1
+    last_compaction_s: float = float("-inf")
     last_vacuum_s: float = 0.0
 
 
@@ -33,6 +34,7 @@ class MaintenancePolicy:
     checkpoint_interval_commits: int
     compact_min_small_files: int
     compact_target_file_bytes: int
+    compact_interval_s: int
     vacuum_retention_hours: int
     vacuum_interval_s: int
     interval_ms: int
@@ -90,8 +92,13 @@ class Maintenance:
         dt = DeltaTable(path)
         version = dt.version()
         if version - upkeep.last_checkpoint_version >= self.policy.checkpoint_interval_commits:
-            if self._small_files(dt) >= self.policy.compact_min_small_files:
-                metrics = dt.optimize.compact(target_size=self.policy.compact_target_file_bytes)
+            due = time.monotonic() - upkeep.last_compaction_s >= self.policy.compact_interval_s
+            if due and self._small_files(dt) >= self.policy.compact_min_small_files:
+                # One task: upkeep must leave the other cores to the queue it maintains.
+                metrics = dt.optimize.compact(
+                    target_size=self.policy.compact_target_file_bytes, max_concurrent_tasks=1
+                )
+                upkeep.last_compaction_s = time.monotonic()
                 self.compactions += 1
                 log.info("compacted %s: %s", path, _summary(metrics))
                 dt = DeltaTable(path)

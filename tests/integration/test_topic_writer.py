@@ -214,6 +214,7 @@ def test_maintenance_checkpoints_compacts_and_keeps_old_versions_readable(tmp_pa
             checkpoint_interval_commits=5,
             compact_min_small_files=10,
             compact_target_file_bytes=1 << 20,
+            compact_interval_s=0,
             vacuum_retention_hours=168,
             vacuum_interval_s=0,
             interval_ms=10,

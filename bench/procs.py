@@ -1,0 +1,73 @@
+"""Starting and stopping the processes a benchmark measures (API, fanout), on 127.0.0.1 only."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def post(port: int, path: str, body: bytes = b"") -> str:
+    req = urllib.request.Request(f"http://{HOST}:{port}{path}", data=body, method="POST")
+    with urllib.request.urlopen(req) as r:
+        return str(r.read().decode())
+
+
+def api_process(
+    warehouse: Path, port: int, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    log = open(warehouse.parent / "api.log", "ab")  # noqa: SIM115 - owned by the child
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deltaq", "api", "--warehouse", str(warehouse), "--port", str(port)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+    )
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(f"http://{HOST}:{port}/ping").read()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("API did not start")
+
+
+def fanout_process(warehouse: Path, *extra: str) -> subprocess.Popen[bytes]:
+    log = open(warehouse.parent / "fanout.log", "ab")  # noqa: SIM115 - owned by the child
+    return subprocess.Popen(
+        [sys.executable, "-m", "jobs.fanout", "--warehouse", str(warehouse), *extra],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # SIGTERM/SIGKILL of the group reaches the JVM too
+    )
+
+
+def stop(proc: subprocess.Popen[bytes], group: bool = False) -> None:
+    if proc.poll() is None:
+        if group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            if group:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
