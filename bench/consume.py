@@ -28,7 +28,15 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from procs import HOST, api_process, fanout_process, free_port, post, stop  # noqa: E402
+from procs import (  # noqa: E402
+    HOST,
+    api_process,
+    fanout_process,
+    free_port,
+    post,
+    publish_timestamps,
+    stop,
+)
 
 
 def _channel(port: int, topic: str, channel: str) -> dict[str, int]:
@@ -145,15 +153,7 @@ def latency(rate: int, seconds: float) -> None:
                 post(port, "/pub?topic=lat", b"warmup")
                 time.sleep(0.5)
             time.sleep(2)
-            interval = 1.0 / rate
-            end = time.monotonic() + seconds
-            next_at = time.monotonic()
-            sent = 0
-            while time.monotonic() < end:
-                post(port, "/pub?topic=lat", f"t {time.time_ns()}".encode())
-                sent += 1
-                next_at += interval
-                time.sleep(max(0.0, next_at - time.monotonic()))
+            sent = publish_timestamps(port, "lat", rate, seconds)
             time.sleep(3)
             stop_consumers.set()
             with lock:

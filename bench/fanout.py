@@ -25,7 +25,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from loadgen import run  # noqa: E402
-from procs import HOST, api_process, fanout_process, free_port, post, stop  # noqa: E402
+from procs import (  # noqa: E402
+    HOST,
+    api_process,
+    fanout_process,
+    free_port,
+    post,
+    publish_timestamps,
+    stop,
+)
 
 from queue_engine.store.commit_log import added_files, latest_version  # noqa: E402
 
@@ -65,15 +73,7 @@ def latency(rate: int, seconds: float) -> None:
 
             tailer = threading.Thread(target=tail, daemon=True)
             tailer.start()
-            interval = 1.0 / rate
-            end = time.monotonic() + seconds
-            next_at = time.monotonic()
-            sent = 0
-            while time.monotonic() < end:
-                post(port, "/pub?topic=lat", f"t {time.time_ns()}".encode())
-                sent += 1
-                next_at += interval
-                time.sleep(max(0.0, next_at - time.monotonic()))
+            sent = publish_timestamps(port, "lat", rate, seconds)
             time.sleep(3)
             done.set()
             batches = [

@@ -71,3 +71,18 @@ def stop(proc: subprocess.Popen[bytes], group: bool = False) -> None:
                 os.killpg(proc.pid, signal.SIGKILL)
             else:
                 proc.kill()
+
+
+def publish_timestamps(port: int, topic: str, rate: int, seconds: float) -> int:
+    """``/pub`` at ``rate`` msg/s for ``seconds``, each body ``t <publish time ns>``; return
+    how many were sent."""
+    interval = 1.0 / rate
+    end = time.monotonic() + seconds
+    next_at = time.monotonic()
+    sent = 0
+    while time.monotonic() < end:
+        post(port, f"/pub?topic={topic}", f"t {time.time_ns()}".encode())
+        sent += 1
+        next_at += interval
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    return sent

@@ -115,7 +115,8 @@ class ChannelRuntime:
         missing = queue.needs_body()
         if missing:
             _add(queue, ChannelReader.read_ids(paths, missing), now)
-        known = sum(1 for state in states.values() if state.attempts)
+        # Every message the ledger mentions was delivered, so its row is in the snapshot.
+        known = len(states)
         log.info(
             "channel %s/%s: ledger v%d (%d events) folded, %d live, %d in flight, %d unread rows "
             "(%.0f ms)",
