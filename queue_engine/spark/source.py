@@ -2,6 +2,8 @@
 
 - ``spark.read.format("deltaq").load(path)``: batch read of one Delta table; one input partition
   per group of data files, Arrow record batches, simple comparisons pushed down to Parquet.
+  Time travel: ``versionAsOf`` or ``timestampAsOf`` (ISO 8601); only the rows that versions
+  (a, b] added: ``afterVersion`` a and ``toVersion`` b (the sweep's incremental reads).
 - ``spark.readStream.format("deltaq").load(path)``: offsets are Delta versions; each micro-batch
   reads only the files that versions (start, end] added, skipping compaction commits; read
   limit ``maxFilesPerTrigger``; supports Trigger.AvailableNow.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from datetime import datetime
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -103,6 +106,7 @@ class DeltaqDataSource(DataSource):
         return TableReader(
             self.options["path"],
             int(self.options.get("filesPerPartition", DEFAULT_FILES_PER_PARTITION)),
+            _selection(self.options),
         )
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
@@ -139,10 +143,46 @@ _PUSHABLE = {
 }
 
 
+@dataclass(frozen=True)
+class Selection:
+    """Which files a batch read covers: a snapshot (latest, a version or a timestamp) or the
+    files versions (after, to] added."""
+
+    version_as_of: int | None = None
+    timestamp_as_of: str | None = None
+    after_version: int | None = None
+    to_version: int | None = None
+
+    def files(self, path: str) -> list[str]:
+        if self.to_version is not None:
+            start = -1 if self.after_version is None else self.after_version
+            return [f.path for f in added_files(path, start, self.to_version)]
+        dt = DeltaTable(path)
+        if self.version_as_of is not None:
+            dt.load_as_version(self.version_as_of)
+        elif self.timestamp_as_of is not None:
+            dt.load_as_version(datetime.fromisoformat(self.timestamp_as_of.replace("Z", "+00:00")))
+        return list(dt.file_uris())
+
+
+def _selection(options: Any) -> Selection:
+    def number(key: str) -> int | None:
+        value = options.get(key)
+        return None if value is None else int(value)
+
+    return Selection(
+        version_as_of=number("versionAsOf"),
+        timestamp_as_of=options.get("timestampAsOf"),
+        after_version=number("afterVersion"),
+        to_version=number("toVersion"),
+    )
+
+
 class TableReader(DataSourceReader):
-    def __init__(self, path: str, files_per_partition: int) -> None:
+    def __init__(self, path: str, files_per_partition: int, selection: Selection) -> None:
         self.path = path
         self.files_per_partition = files_per_partition
+        self.selection = selection
         self.filters: list[tuple[str, str, Any]] = []
 
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
@@ -156,7 +196,7 @@ class TableReader(DataSourceReader):
                 yield f
 
     def partitions(self) -> Sequence[InputPartition]:
-        uris = DeltaTable(self.path).file_uris()
+        uris = self.selection.files(self.path)
         return _groups([(u, None, -1) for u in uris], self.files_per_partition) or [
             InputPartition(())
         ]

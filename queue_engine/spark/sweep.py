@@ -1,0 +1,336 @@
+"""The sweep as a Spark batch job: every channel's ledger folded into its ``state`` table.
+
+One Spark job per run covers all channels that changed or have something due: the previous
+state rows, the channel-table rows and the ledger events added since, partitioned by
+(channel, id), sorted by event time, folded by ``queue_engine.state_fold`` (the same ``apply``
+as the API). The result comes back to the driver, which per channel
+
+1. appends the TIMEOUT events for leases that had ended (one ledger commit tagged
+   ``deltaq.writer=sweep``; the API follows those commits and redelivers), then
+2. overwrites ``state`` with the live rows, its commit info naming the ledger and channel
+   versions folded (``StateMeta``).
+
+Crash safety: a sweep killed before (1) changed nothing; killed between (1) and (2), the next
+sweep folds those TIMEOUTs from the ledger like any event; a TIMEOUT applied twice is invalid the
+second time (the attempt is no longer in flight), so none counts twice. A FIN or TOUCH that lands
+while the sweep runs is folded after the sweep's TIMEOUT of the same attempt and wins over it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, write_deltalake
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from queue_engine.state_fold import (
+    FINISHED,
+    FOLD_INPUT_SCHEMA,
+    FOLD_OUTPUT_SCHEMA,
+    event_input,
+    fold_sorted,
+    message_input,
+    state_input,
+)
+from queue_engine.store.commit_log import latest_version
+from queue_engine.store.registry_store import RegistryReader
+from queue_engine.store.state import (
+    STATE_SCHEMA,
+    SWEEP_WRITER,
+    WRITER_KEY,
+    StateMeta,
+    read_meta,
+    write_state,
+)
+from queue_engine.store.tables import LEDGER_SCHEMA, Warehouse
+
+log = logging.getLogger(__name__)
+
+_TS = pa.timestamp("us", tz="UTC")
+# The fold's input carries the channel's index in this run (rows group by channel, then id).
+CHANNEL_COLUMN = "chan"
+
+
+@dataclass(frozen=True)
+class ChannelPlan:
+    """One channel's share of a sweep: what it reads, from where to where."""
+
+    index: int
+    topic: str
+    channel: str
+    state_path: str
+    messages_path: str
+    ledger_path: str
+    meta: StateMeta | None
+    ledger_version: int
+    messages_version: int
+
+
+@dataclass
+class SweepReport:
+    channels_swept: int = 0
+    channels_skipped: int = 0
+    live: int = 0
+    timeouts: int = 0
+    finished: int = 0
+    seconds: float = 0.0
+    per_channel: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def plan(warehouse: Warehouse, now: int, *, force: bool = False) -> tuple[list[ChannelPlan], int]:
+    """The channels to sweep now, and how many were skipped (nothing new, nothing due)."""
+    registry = RegistryReader(warehouse.registry_path).get()
+    plans: list[ChannelPlan] = []
+    skipped = 0
+    for topic in sorted(registry.topics.values(), key=lambda t: t.name):
+        for channel in sorted(topic.channels):
+            root = warehouse.channel_root(topic.name, channel)
+            state_path = f"{root}/state"
+            meta = read_meta(state_path)
+            # The ledger's version is taken before the channel table's: every event up to it
+            # refers to a message whose row is in the channel table by then.
+            ledger_version = latest_version(f"{root}/ledger", meta.ledger_version if meta else -1)
+            messages_version = latest_version(
+                f"{root}/messages", meta.messages_version if meta else -1
+            )
+            if ledger_version < 0 and messages_version < 0:
+                skipped += 1  # nothing delivered, nothing fanned out yet
+                continue
+            unchanged = (
+                meta is not None
+                and meta.ledger_version == ledger_version
+                and meta.messages_version == messages_version
+                and (meta.next_due_us is None or meta.next_due_us > now)
+            )
+            if unchanged and not force:
+                skipped += 1
+                continue
+            plans.append(
+                ChannelPlan(
+                    len(plans),
+                    topic.name,
+                    channel,
+                    state_path,
+                    f"{root}/messages",
+                    f"{root}/ledger",
+                    meta,
+                    ledger_version,
+                    messages_version,
+                )
+            )
+    return plans, skipped
+
+
+def _read(spark: SparkSession, path: str, **options: int) -> DataFrame:
+    reader = spark.read.format("deltaq")
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load(path)
+
+
+def _as_input(df: DataFrame, kind: str, index: int) -> DataFrame:
+    """Rows of a state, channel or ledger table as fold input rows of channel ``index``."""
+    convert = {"state": state_input, "messages": message_input, "ledger": event_input}[kind]
+
+    def to_input(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            table = convert(pa.Table.from_batches([batch]))
+            table = table.append_column(
+                CHANNEL_COLUMN, pa.array([index] * table.num_rows, pa.int32())
+            )
+            yield from table.to_batches()
+
+    return df.mapInArrow(to_input, _INPUT_SPARK_SCHEMA)
+
+
+_INPUT_ARROW_SCHEMA = FOLD_INPUT_SCHEMA.append(pa.field(CHANNEL_COLUMN, pa.int32()))
+_INPUT_SPARK_SCHEMA = from_arrow_schema(_INPUT_ARROW_SCHEMA)
+_OUTPUT_ARROW_SCHEMA = FOLD_OUTPUT_SCHEMA.append(pa.field(CHANNEL_COLUMN, pa.int32()))
+_OUTPUT_SPARK_SCHEMA = from_arrow_schema(_OUTPUT_ARROW_SCHEMA)
+
+
+def fold_frame(
+    spark: SparkSession, plans: list[ChannelPlan], now: int, partitions: int
+) -> DataFrame | None:
+    """The Spark plan: union of every channel's inputs, folded per (channel, id)."""
+    parts: list[DataFrame] = []
+    for p in plans:
+        if p.meta is not None:
+            parts.append(
+                _as_input(_read(spark, p.state_path, versionAsOf=p.meta.state_version), "state", p.index)
+            )
+        after_m = p.meta.messages_version if p.meta else -1
+        if p.messages_version > after_m:
+            df = _read(spark, p.messages_path, afterVersion=after_m, toVersion=p.messages_version)
+            parts.append(_as_input(df, "messages", p.index))
+        after_l = p.meta.ledger_version if p.meta else -1
+        if p.ledger_version > after_l:
+            df = _read(spark, p.ledger_path, afterVersion=after_l, toVersion=p.ledger_version)
+            parts.append(_as_input(df, "ledger", p.index))
+    if not parts:
+        return None
+    union = parts[0]
+    for part in parts[1:]:
+        union = union.unionByName(part)
+    versions = {p.index: p.ledger_version for p in plans}
+
+    def fold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        # Rows arrive sorted by (chan, id, ...): fold one channel's run at a time.
+        def runs() -> Iterator[tuple[int, list[pa.RecordBatch]]]:
+            current: int | None = None
+            pending: list[pa.RecordBatch] = []
+            for batch in batches:
+                chans = batch.column(CHANNEL_COLUMN)
+                for value in pc.unique(chans).to_pylist():
+                    piece = batch.filter(pc.equal(chans, value))
+                    if value != current and pending:
+                        assert current is not None
+                        yield current, pending
+                        pending = []
+                    current = value
+                    pending.append(piece)
+            if pending and current is not None:
+                yield current, pending
+
+        for chan, pieces in runs():
+            for out in fold_sorted(pieces, now, versions[chan]):
+                yield out.append_column(CHANNEL_COLUMN, pa.array([chan] * out.num_rows, pa.int32()))
+
+    return (
+        union.repartition(partitions, CHANNEL_COLUMN, "id")
+        .sortWithinPartitions(CHANNEL_COLUMN, "id", "src", "e_at", "e_rank")
+        .mapInArrow(fold, _OUTPUT_SPARK_SCHEMA)
+    )
+
+
+def sweep(
+    spark: SparkSession,
+    warehouse: Warehouse,
+    *,
+    now: int | None = None,
+    force: bool = False,
+    partitions: int | None = None,
+) -> SweepReport:
+    """One sweep of every channel that needs it."""
+    started = time.perf_counter()
+    now = now_us() if now is None else now
+    plans, skipped = plan(warehouse, now, force=force)
+    report = SweepReport(channels_skipped=skipped)
+    if not plans:
+        report.seconds = time.perf_counter() - started
+        return report
+    parallelism = partitions or max(2, spark.sparkContext.defaultParallelism)
+    frame = fold_frame(spark, plans, now, parallelism)
+    result = frame.toArrow() if frame is not None else _OUTPUT_ARROW_SCHEMA.empty_table()
+    result = result.cast(_OUTPUT_ARROW_SCHEMA) if result.num_rows else result
+    chans = result.column(CHANNEL_COLUMN) if result.num_rows else pa.array([], pa.int32())
+    for p in plans:
+        rows = result.filter(pc.equal(chans, p.index)) if result.num_rows else result
+        live, timeouts, finished = _commit_channel(p, rows, now)
+        report.channels_swept += 1
+        report.live += live
+        report.timeouts += timeouts
+        report.finished += finished
+        report.per_channel[(p.topic, p.channel)] = live
+    report.seconds = time.perf_counter() - started
+    log.info(
+        "sweep: %d channels swept, %d skipped; %d live, %d timed out, %d finished (%.1f s)",
+        report.channels_swept,
+        report.channels_skipped,
+        report.live,
+        report.timeouts,
+        report.finished,
+        report.seconds,
+    )
+    return report
+
+
+def _commit_channel(p: ChannelPlan, rows: pa.Table, now: int) -> tuple[int, int, int]:
+    """Write one channel's TIMEOUTs, then its state. Returns (live, timeouts, finished)."""
+    timed_out = rows.filter(rows["swept_timeout"]) if rows.num_rows else rows
+    if timed_out.num_rows:
+        n = timed_out.num_rows
+        events = pa.Table.from_arrays(
+            [
+                timed_out["id"],
+                pa.array(["TIMEOUT"] * n, pa.string()),
+                timed_out["attempts"],
+                pa.nulls(n, pa.string()),
+                pa.nulls(n, _TS),
+                pa.nulls(n, _TS),
+                pa.nulls(n, pa.string()),
+                pa.array([now] * n, pa.int64()).cast(_TS),
+            ],
+            schema=LEDGER_SCHEMA,
+        )
+        write_deltalake(
+            p.ledger_path,
+            events,
+            mode="append",
+            commit_properties=CommitProperties(custom_metadata={WRITER_KEY: SWEEP_WRITER}),
+        )
+    status = rows["status"] if rows.num_rows else pa.array([], pa.string())
+    is_finished = pc.equal(status, FINISHED) if rows.num_rows else pa.array([], pa.bool_())
+    done = rows.filter(is_finished) if rows.num_rows else rows
+    live = rows.filter(pc.invert(is_finished)) if rows.num_rows else rows
+    previous = p.meta
+    meta = StateMeta(
+        ledger_version=p.ledger_version,
+        messages_version=p.messages_version,
+        topic_version=max(_max_topic_version(p), previous.topic_version if previous else -1),
+        finished_requeues=(previous.finished_requeues if previous else 0)
+        + int(pc.sum(done["requeues"]).as_py() or 0 if done.num_rows else 0),
+        finished_timeouts=(previous.finished_timeouts if previous else 0)
+        + int(pc.sum(done["timeouts"]).as_py() or 0 if done.num_rows else 0),
+        next_due_us=_next_due(live),
+        swept_at_us=now,
+    )
+    state = live.select(STATE_SCHEMA.names) if live.num_rows else STATE_SCHEMA.empty_table()
+    write_state(p.state_path, state, meta)
+    return live.num_rows, timed_out.num_rows, done.num_rows
+
+
+def _next_due(live: pa.Table) -> int | None:
+    if not live.num_rows:
+        return None
+    candidates = []
+    for column in ("lease_expires_at", "deliver_at"):
+        status = "in_flight" if column == "lease_expires_at" else "deferred"
+        picked = live.filter(pc.equal(live["status"], status))[column]
+        value = pc.min(picked.cast(pa.int64())).as_py() if len(picked) else None
+        if value is not None:
+            candidates.append(int(value))
+    return min(candidates) if candidates else None
+
+
+def _max_topic_version(p: ChannelPlan) -> int:
+    """The highest topic_version of the channel table at the version swept: the restart
+    cursor (a row at or below it is live iff it has a state row; FIN'd rows are gone)."""
+    from deltalake import DeltaTable
+
+    try:
+        dt = DeltaTable(p.messages_path)
+    except Exception:
+        return -1
+    if p.messages_version >= 0 and dt.version() != p.messages_version:
+        dt.load_as_version(p.messages_version)
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    column = "max.topic_version"
+    if column in actions.column_names and actions.num_rows:
+        value = pc.max(actions[column]).as_py()
+        if value is not None:
+            return int(value)
+    if not actions.num_rows:
+        return -1
+    return int(pc.max(dt.to_pyarrow_table(columns=["topic_version"])["topic_version"]).as_py())

@@ -1,0 +1,255 @@
+"""A channel's ``state`` table: the fold of its ledger, checkpointed by the sweep job.
+
+One row per live message (ready, in flight or deferred; FIN'd messages leave it) with the
+columns of ``queue_engine.lease.MessageState``. Each sweep overwrites the table in one commit
+whose commit info carries the positions it reflects (``StateMeta``): the ledger version folded
+and the channel-table version read. A restarting API loads the rows and replays only the ledger
+after that version; Delta's history of the table answers "what was in flight at 03:12?".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+
+from queue_engine.lease import FRESH, MessageState, Status
+
+_TS = pa.timestamp("us", tz="UTC")
+
+STATE_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("attempts", pa.int32(), nullable=False),
+        pa.field("lease", pa.string(), nullable=True),
+        pa.field("lease_owner", pa.string(), nullable=True),
+        pa.field("delivered_at", _TS, nullable=True),
+        pa.field("lease_expires_at", _TS, nullable=True),
+        pa.field("lease_duration_us", pa.int64(), nullable=False),
+        pa.field("deliver_at", _TS, nullable=True),
+        pa.field("timed_out", pa.bool_(), nullable=False),
+        pa.field("requeues", pa.int32(), nullable=False),
+        pa.field("timeouts", pa.int32(), nullable=False),
+        pa.field("published_at", _TS, nullable=True),
+        # The fanout's position of the message's row (the restart cursor; see StateMeta).
+        pa.field("topic_version", pa.int64(), nullable=True),
+        pa.field("ledger_version", pa.int64(), nullable=False),
+        pa.field("swept_at", _TS, nullable=False),
+    ]
+)
+
+# Columns that come from MessageState, in the order ``state_columns`` returns them.
+_STATE_FIELDS = [
+    "attempts",
+    "lease",
+    "lease_owner",
+    "delivered_at",
+    "lease_expires_at",
+    "lease_duration_us",
+    "deliver_at",
+    "timed_out",
+    "requeues",
+    "timeouts",
+]
+
+# Commit-info keys of a sweep's state commit and of its ledger (TIMEOUT) commits.
+_META_PREFIX = "deltaq."
+WRITER_KEY = "deltaq.writer"
+SWEEP_WRITER = "sweep"
+
+
+@dataclass(frozen=True)
+class StateMeta:
+    """What a state commit reflects, so a reader knows what to replay on top of it."""
+
+    # Ledger versions <= this are folded into the rows.
+    ledger_version: int
+    # Channel-table versions <= this were read: a row there is live iff it is in ``state``.
+    messages_version: int
+    # The highest topic_version among those rows (-1: none); rows above it are newer.
+    topic_version: int
+    # requeue/timeout counters of messages that were FIN'd and left the table (nsqd's
+    # requeue_count and timeout_count count every message the channel has had).
+    finished_requeues: int
+    finished_timeouts: int
+    # The earliest lease expiry or deferral end among the rows (µs; None: nothing pending),
+    # so a sweep with nothing new and nothing due can skip the channel.
+    next_due_us: int | None
+    swept_at_us: int
+    # The state table's own version holding these rows.
+    state_version: int = -1
+
+    def to_commit_info(self) -> dict[str, str]:
+        return {
+            f"{_META_PREFIX}ledger_version": str(self.ledger_version),
+            f"{_META_PREFIX}messages_version": str(self.messages_version),
+            f"{_META_PREFIX}topic_version": str(self.topic_version),
+            f"{_META_PREFIX}finished_requeues": str(self.finished_requeues),
+            f"{_META_PREFIX}finished_timeouts": str(self.finished_timeouts),
+            f"{_META_PREFIX}next_due_us": "" if self.next_due_us is None else str(self.next_due_us),
+            f"{_META_PREFIX}swept_at_us": str(self.swept_at_us),
+        }
+
+    @classmethod
+    def from_commit_info(cls, info: dict[str, object], state_version: int) -> StateMeta | None:
+        def get(key: str) -> str | None:
+            value = info.get(f"{_META_PREFIX}{key}")
+            return None if value is None else str(value)
+
+        ledger = get("ledger_version")
+        if ledger is None:
+            return None
+        due = get("next_due_us")
+        return cls(
+            ledger_version=int(ledger),
+            messages_version=int(get("messages_version") or -1),
+            topic_version=int(get("topic_version") or -1),
+            finished_requeues=int(get("finished_requeues") or 0),
+            finished_timeouts=int(get("finished_timeouts") or 0),
+            next_due_us=int(due) if due else None,
+            swept_at_us=int(get("swept_at_us") or 0),
+            state_version=state_version,
+        )
+
+
+def read_meta(path: str) -> StateMeta | None:
+    """The newest sweep commit's meta (None: never swept). Other commits (none expected) are
+    skipped, so a later maintenance commit cannot hide it."""
+    try:
+        dt = DeltaTable(path)
+    except Exception:
+        return None
+    for entry in dt.history(20):
+        meta = StateMeta.from_commit_info(entry, int(entry.get("version", dt.version())))
+        if meta is not None:
+            return meta
+    return None
+
+
+def read_state(path: str, meta: StateMeta) -> pa.Table:
+    """The rows of the state commit ``meta`` describes."""
+    dt = DeltaTable(path)
+    if meta.state_version >= 0 and meta.state_version != dt.version():
+        dt.load_as_version(meta.state_version)
+    return dt.to_pyarrow_table()
+
+
+def write_state(path: str, rows: pa.Table, meta: StateMeta) -> int:
+    """Replace the table's rows with ``rows`` in one commit carrying ``meta``."""
+    write_deltalake(
+        path,
+        rows.select(STATE_SCHEMA.names).cast(STATE_SCHEMA),
+        mode="overwrite",
+        schema_mode="overwrite",
+        commit_properties=CommitProperties(custom_metadata=meta.to_commit_info()),
+    )
+    return int(DeltaTable(path).version())
+
+
+# -- rows <-> states ------------------------------------------------------------------------
+
+
+def state_from_values(
+    attempts: int,
+    lease: str | None,
+    lease_owner: str | None,
+    delivered_at: int | None,
+    lease_expires_at: int | None,
+    lease_duration_us: int,
+    deliver_at: int | None,
+    timed_out: bool,
+    requeues: int,
+    timeouts: int,
+    status: str,
+) -> MessageState:
+    """A state row's MessageState (timestamps as µs). A row is never finished."""
+    if attempts == 0 and deliver_at is None and requeues == 0:
+        return FRESH
+    return MessageState(
+        attempts=attempts,
+        in_flight=status == Status.IN_FLIGHT,
+        lease=lease,
+        lease_owner=lease_owner,
+        delivered_at_us=delivered_at,
+        lease_expires_at_us=lease_expires_at,
+        lease_duration_us=lease_duration_us,
+        deliver_at_us=deliver_at,
+        timed_out=timed_out,
+        requeues=requeues,
+        timeouts=timeouts,
+    )
+
+
+def state_values(state: MessageState) -> tuple[object, ...]:
+    """The inverse of ``state_from_values`` (without status), in ``_STATE_FIELDS`` order."""
+    return (
+        state.attempts,
+        state.lease,
+        state.lease_owner,
+        state.delivered_at_us,
+        state.lease_expires_at_us,
+        state.lease_duration_us,
+        state.deliver_at_us,
+        state.timed_out,
+        state.requeues,
+        state.timeouts,
+    )
+
+
+def columns_as_lists(table: pa.Table | pa.RecordBatch, names: list[str]) -> list[list[object]]:
+    """Columns as Python lists, timestamps as µs since the epoch."""
+    out: list[list[object]] = []
+    for name in names:
+        column = table.column(name)
+        if pa.types.is_timestamp(column.type):
+            column = column.cast(pa.int64())
+        out.append(column.to_pylist())
+    return out
+
+
+def iter_states(table: pa.Table) -> Iterator[tuple[str, MessageState, int | None]]:
+    """(id, state, topic_version) for each state row."""
+    ids, status, topic_versions, *fields = columns_as_lists(
+        table, ["id", "status", "topic_version", *_STATE_FIELDS]
+    )
+    for i, message_id in enumerate(ids):
+        values = [f[i] for f in fields]
+        yield (
+            str(message_id),
+            state_from_values(*values, status=str(status[i])),  # type: ignore[arg-type]
+            topic_versions[i],  # type: ignore[misc]
+        )
+
+
+def state_rows(
+    ids: list[str],
+    states: list[MessageState],
+    published_at: list[int | None],
+    topic_versions: list[int | None],
+    now_us: int,
+    ledger_version: int,
+) -> pa.Table:
+    """State rows for (id, state) pairs as of ``now_us``."""
+    columns = list(zip(*(state_values(s) for s in states), strict=True)) if states else []
+    by_name: dict[str, object] = {
+        name: list(values) for name, values in zip(_STATE_FIELDS, columns, strict=True)
+    }
+    if not states:
+        by_name = {name: [] for name in _STATE_FIELDS}
+    by_name["id"] = ids
+    by_name["status"] = [s.status(now_us).value for s in states]
+    by_name["published_at"] = published_at
+    by_name["topic_version"] = topic_versions
+    by_name["ledger_version"] = [ledger_version] * len(ids)
+    by_name["swept_at"] = [now_us] * len(ids)
+    arrays = []
+    for field in STATE_SCHEMA:
+        values = by_name[field.name]
+        if pa.types.is_timestamp(field.type):
+            arrays.append(pa.array(values, pa.int64()).cast(field.type))
+        else:
+            arrays.append(pa.array(values, field.type))
+    return pa.Table.from_arrays(arrays, schema=STATE_SCHEMA)
