@@ -354,6 +354,8 @@ class Broker:
             channel,
             self.warehouse.channel_messages_path(topic, channel),
             self.warehouse.channel_ledger_path(topic, channel),
+            state_path=self.warehouse.channel_state_path(topic, channel),
+            scan_leases=self.settings.scan_leases,
             mem_queue_size=self.settings.mem_queue_size,
             is_paused=lambda: self._channel_paused(topic, channel),
             notify=self._committed,

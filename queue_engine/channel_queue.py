@@ -82,6 +82,11 @@ class ChannelQueue:
         # skipped when read. Not needed once every row of that snapshot has been read.
         self._finished: set[str] = set()
         self._remember_finished = True
+        # Restored from a sweep's state (store/state.py): rows with topic_version at or below
+        # ``_covered_through`` are live only if the state had them; ``_unstarted`` are those
+        # that were ready and never delivered (they enter the queue when their row is read).
+        self._covered_through = -1
+        self._unstarted: set[str] = set()
         self._last_at_us = 0
         self.requeue_count = 0
         self.timeout_count = 0
@@ -112,6 +117,16 @@ class ChannelQueue:
                 continue
             self._place(message_id, state, now_us)
 
+    def restore_checkpoint(self, unstarted: set[str], covered_through: int) -> None:
+        """Rows up to topic_version ``covered_through`` are the state's: live iff known or in
+        ``unstarted`` (FIN'd messages left the state, so no finished set is needed for them)."""
+        self._unstarted = unstarted
+        self._covered_through = covered_through
+
+    @property
+    def unstarted_count(self) -> int:
+        return len(self._unstarted)
+
     def add(
         self,
         ids: Sequence[str],
@@ -119,15 +134,22 @@ class ChannelQueue:
         published_at_us: Sequence[int],
         deliver_at_us: Sequence[int | None],
         now_us: int,
+        topic_versions: Sequence[int] | None = None,
     ) -> int:
         """Take message rows read from the channel table; return how many were new.
 
         Rows of messages the ledger already knows only bring their bodies.
         """
         fresh = 0
-        for message_id, body, published, deliver_at in zip(
-            ids, bodies, published_at_us, deliver_at_us, strict=True
+        covered = self._covered_through
+        for i, (message_id, body, published, deliver_at) in enumerate(
+            zip(ids, bodies, published_at_us, deliver_at_us, strict=True)
         ):
+            if topic_versions is not None and topic_versions[i] <= covered:
+                if message_id in self._unstarted:
+                    self._unstarted.discard(message_id)
+                elif message_id not in self.states:
+                    continue  # FIN'd before the state was written
             if message_id in self._finished:
                 continue
             known = message_id in self.states
@@ -263,6 +285,23 @@ class ChannelQueue:
             self.timeout_count += 1
             events.append(event)
         return events
+
+    def apply_foreign(self, events: Iterable[LeaseEvent], now_us: int) -> int:
+        """Events another writer (the sweep's TIMEOUTs) appended to the ledger; returns how many
+        changed a state. They are valid or not by the same rules as everything else."""
+        changed = 0
+        for event in events:
+            state = self.states.get(event.id)
+            if state is None:
+                continue
+            after = apply(state, event)
+            if after is state:
+                continue
+            self._set(event.id, after, now_us)
+            changed += 1
+            if event.kind is EventKind.TIMEOUT:
+                self.timeout_count += 1
+        return changed
 
     def promote(self, now_us: int) -> None:
         """Deferred messages whose time has come join the ready FIFO."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -22,10 +23,18 @@ import pyarrow as pa
 
 from queue_engine.channel_queue import Answer, ChannelQueue, Delivery
 from queue_engine.errors import ErrorCode, QueueError
-from queue_engine.lease import EventKind, LeaseEvent, fold
+from queue_engine.lease import FRESH, EventKind, LeaseEvent, MessageState, fold
 from queue_engine.store.channel_reader import ChannelReader
+from queue_engine.store.commit_log import commit_file
 from queue_engine.store.group_commit import WriterClosedError
-from queue_engine.store.ledger import LedgerWriter, read_ledger
+from queue_engine.store.ledger import (
+    LedgerWriter,
+    is_sweep_commit,
+    read_ledger,
+    read_ledger_after,
+    read_versions,
+)
+from queue_engine.store.state import StateMeta, iter_states, read_meta, read_state
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +69,8 @@ class ChannelRuntime:
         messages_path: str,
         ledger_path: str,
         *,
+        state_path: str | None = None,
+        scan_leases: bool = True,
         mem_queue_size: int,
         is_paused: Callable[[], bool],
         notify: Callable[[list[object], BaseException | None], None],
@@ -68,6 +79,11 @@ class ChannelRuntime:
         self.channel = channel
         self.messages_path = messages_path
         self.ledger_path = ledger_path
+        self.state_path = state_path
+        # nsqd's queueScanLoop: time out expired leases here (False: only the sweep does).
+        self._scan_leases = scan_leases
+        # The ledger version up to which foreign commits (the sweep's) have been applied.
+        self._ledger_seen = -1
         self._mem_queue_size = max(2, mem_queue_size)
         self._is_paused = is_paused
         self._notify = notify
@@ -101,35 +117,79 @@ class ChannelRuntime:
 
     def _rebuild_blocking(self) -> tuple[ChannelQueue, ChannelReader, int]:
         started = time.perf_counter()
-        events, version = read_ledger(self.ledger_path)
-        states = fold(events)
-        queue = ChannelQueue()
+        meta = read_meta(self.state_path) if self.state_path else None
         now = now_us()
-        queue.restore(states, now)
+        queue = ChannelQueue()
+        reader = ChannelReader(self.messages_path)
+        if meta is None:
+            # Never swept: the fold of the whole ledger.
+            events, version = read_ledger(self.ledger_path)
+            states = fold(events)
+            queue.restore(states, now)
+            paths = reader.snapshot()
+            # Every message the ledger mentions was delivered, so its row is in the snapshot.
+            known = len(states)
+            source = f"ledger v{version} ({len(events)} events)"
+        else:
+            events, version, paths, known = self._from_state(meta, queue, reader, now)
+            source = (
+                f"state v{meta.state_version} + ledger v{meta.ledger_version}..v{version} "
+                f"({len(events)} events)"
+            )
+        self._ledger_seen = version
         if events:
             queue.clock(max(e.at_us for e in events))
-        reader = ChannelReader(self.messages_path)
-        paths = reader.snapshot()
         if reader.snapshot_read:
             queue.forget_finished()
         missing = queue.needs_body()
         if missing:
             _add(queue, ChannelReader.read_ids(paths, missing), now)
-        # Every message the ledger mentions was delivered, so its row is in the snapshot.
-        known = len(states)
         log.info(
-            "channel %s/%s: ledger v%d (%d events) folded, %d live, %d in flight, %d unread rows "
-            "(%.0f ms)",
+            "channel %s/%s: %s folded, %d live, %d in flight, %d unread rows (%.0f ms)",
             self.topic,
             self.channel,
-            version,
-            len(events),
-            len(queue),
+            source,
+            len(queue) + queue.unstarted_count,
             len(queue.in_flight),
             reader.unread_rows - known,
             (time.perf_counter() - started) * 1000,
         )
         return queue, reader, known
+
+    def _from_state(
+        self, meta: StateMeta, queue: ChannelQueue, reader: ChannelReader, now: int
+    ) -> tuple[list[LeaseEvent], int, list[str], int]:
+        """The sweep's state plus the ledger after it: bounded by the live messages, however
+        long the channel has lived."""
+        assert self.state_path is not None
+        states: dict[str, MessageState] = {}
+        unstarted: set[str] = set()
+        lowest = meta.topic_version + 1
+        for message_id, state, topic_version in iter_states(read_state(self.state_path, meta)):
+            if state is FRESH:
+                unstarted.add(message_id)
+            else:
+                states[message_id] = state
+            if topic_version is not None:
+                lowest = min(lowest, topic_version)
+        events, version = read_ledger_after(self.ledger_path, meta.ledger_version)
+        folded = fold(events, states)
+        for message_id, state in list(folded.items()):
+            if state is FRESH:
+                # Only invalid events (late answers to messages FIN'd before the state).
+                del folded[message_id]
+            else:
+                unstarted.discard(message_id)
+        queue.restore(folded, now)
+        queue.requeue_count += meta.finished_requeues
+        queue.timeout_count += meta.finished_timeouts
+        queue.restore_checkpoint(unstarted, meta.topic_version)
+        paths = reader.snapshot(skip_below_topic_version=lowest)
+        # Unread rows that will not enter the queue as new: all but the unstarted ones and
+        # the rows newer than the state that no event has touched.
+        new_rows = ChannelReader.count_new(paths, meta.topic_version, set(folded))
+        known = reader.unread_rows - len(unstarted) - new_rows
+        return events, version, paths, known
 
     async def close(self) -> None:
         """Wake every waiting SUB (they answer with no messages) and stop the ledger writer."""
@@ -199,12 +259,40 @@ class ChannelRuntime:
         """Time out expired leases, release due deferrals, pick up new rows of the table."""
         if self.closed or self._broken:
             return
-        events = self.queue.expire(now_us())
-        if events:
-            asyncio.get_running_loop().create_task(self._write_quietly(events))
+        if self._scan_leases:
+            events = self.queue.expire(now_us())
+            if events:
+                asyncio.get_running_loop().create_task(self._write_quietly(events))
+        else:
+            self.queue.promote(now_us())
+        await self.follow_ledger()
         await self.poll()
         if self.queue.has_ready() and self.waiting:
             await self.wake()
+
+    async def follow_ledger(self) -> None:
+        """Apply what the sweep appended to the ledger (TIMEOUTs of leases that ended)."""
+        if self._load_lock.locked() or self._writer is None or "://" in self.ledger_path:
+            return
+        base = self.ledger_path
+        while os.path.exists(f"{base}/{commit_file(self._ledger_seen + 1)}"):
+            version = self._ledger_seen + 1
+            if not self._writer.is_own(version) and is_sweep_commit(base, version):
+                events = await asyncio.to_thread(read_versions, base, version - 1, version)
+                if self._broken or self.closed:
+                    return
+                changed = self.queue.apply_foreign(events, now_us())
+                log.info(
+                    "%s/%s: sweep commit v%d: %d of %d events applied",
+                    self.topic,
+                    self.channel,
+                    version,
+                    changed,
+                    len(events),
+                )
+                if changed and self.waiting:
+                    await self.wake()
+            self._ledger_seen = version
 
     async def poll(self) -> None:
         """Read the versions the fanout committed since the last poll."""
@@ -292,4 +380,11 @@ class ChannelRuntime:
 def _add(queue: ChannelQueue, table: pa.Table, now: int) -> int:
     published = table["published_at"].cast(pa.int64()).to_pylist()
     deliver_at = table["deliver_at"].cast(pa.int64()).to_pylist()
-    return queue.add(table["id"].to_pylist(), table["body"].to_pylist(), published, deliver_at, now)
+    return queue.add(
+        table["id"].to_pylist(),
+        table["body"].to_pylist(),
+        published,
+        deliver_at,
+        now,
+        table["topic_version"].to_pylist() if "topic_version" in table.column_names else None,
+    )

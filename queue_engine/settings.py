@@ -55,6 +55,11 @@ class Settings(BaseSettings):
     # Messages of a channel held in memory (with bodies) ready to deliver; the rest of a backlog
     # stays in the channel table and is read as the window drains (nsqd's mem-queue-size).
     mem_queue_size: int = 10_000
+    # The API times out expired leases itself, as nsqd's queueScanLoop does, within ~100 ms.
+    # False leaves it to the sweep job (then a lease ends within one sweep interval).
+    scan_leases: bool = True
+    # The sweep job (deltaq sweep --every, and deltaq up): seconds between runs.
+    sweep_interval_s: float = 10.0
     # Publishing.
     ack: AckMode = AckMode.COMMIT
     # One commit carries at most this many body bytes; more waiting goes in the next commit.

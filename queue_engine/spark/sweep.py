@@ -96,7 +96,7 @@ def plan(warehouse: Warehouse, now: int, *, force: bool = False) -> tuple[list[C
     for topic in sorted(registry.topics.values(), key=lambda t: t.name):
         for channel in sorted(topic.channels):
             root = warehouse.channel_root(topic.name, channel)
-            state_path = f"{root}/state"
+            state_path = warehouse.channel_state_path(topic.name, channel)
             meta = read_meta(state_path)
             # The ledger's version is taken before the channel table's: every event up to it
             # refers to a message whose row is in the channel table by then.

@@ -22,7 +22,7 @@ from deltalake import DeltaTable
 from queue_engine.store.commit_log import absolute_path, added_files, commit_file, latest_version
 from queue_engine.store.tables import filesystem
 
-COLUMNS = ["id", "body", "published_at", "deliver_at"]
+COLUMNS = ["id", "body", "published_at", "deliver_at", "topic_version"]
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,11 @@ class ChannelReader:
         self._current: _File | None = None
         self._snapshot_files_left = 0
 
-    def snapshot(self) -> list[str]:
-        """Start from the table's current files; return their paths (empty: no table yet)."""
+    def snapshot(self, skip_below_topic_version: int = -1) -> list[str]:
+        """Start from the table's current files; return the paths it will read (empty: no
+        table yet). Files whose rows all have a topic_version below ``skip_below_topic_version``
+        (all FIN'd, per the sweep's state) are not read: restart cost follows the live
+        messages, not the channel's whole history."""
         try:
             dt = DeltaTable(self.path)
         except Exception:
@@ -57,12 +60,21 @@ class ChannelReader:
         actions = pa.table(dt.get_add_actions(flatten=True))
         paths = [absolute_path(self.path, p) for p in actions["path"].to_pylist()]
         rows = actions["num_records"].to_pylist()
-        for path, count in zip(paths, rows, strict=True):
-            self._pending.append(_File(path, int(count or 0), from_snapshot=True))
+        highest = (
+            actions["max.topic_version"].to_pylist()
+            if "max.topic_version" in actions.column_names
+            else [None] * len(paths)
+        )
+        kept: list[str] = []
+        for path, count, top in zip(paths, rows, highest, strict=True):
             self.message_count += int(count or 0)
+            if top is not None and int(top) < skip_below_topic_version:
+                continue
+            self._pending.append(_File(path, int(count or 0), from_snapshot=True))
             self.unread_rows += int(count or 0)
-        self._snapshot_files_left = len(paths)
-        return paths
+            kept.append(path)
+        self._snapshot_files_left = len(kept)
+        return kept
 
     def poll(self) -> int:
         """Queue the files of versions committed since the last poll; return their rows."""
@@ -131,6 +143,20 @@ class ChannelReader:
                 self._batches = None
                 if self._current is not None and self._current.from_snapshot:
                     self._snapshot_files_left -= 1
+
+    @staticmethod
+    def count_new(paths: list[str], above_topic_version: int, known: set[str]) -> int:
+        """Rows of ``paths`` above ``above_topic_version`` whose id is not in ``known``."""
+        if not paths:
+            return 0
+        fs, _ = filesystem(paths[0])
+        dataset = ds.dataset([filesystem(p)[1] for p in paths], format="parquet", filesystem=fs)
+        ids = dataset.to_table(
+            columns=["id"], filter=pc.field("topic_version") > above_topic_version
+        )["id"]
+        if not known:
+            return len(ids)
+        return len(ids) - int(pc.sum(pc.is_in(ids, pa.array(list(known)))).as_py() or 0)
 
     @staticmethod
     def read_ids(paths: list[str], ids: list[str]) -> pa.Table:

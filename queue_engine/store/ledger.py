@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import os
+import threading
+
 import pyarrow as pa
+import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
 from queue_engine.lease import EventKind, LeaseEvent
+from queue_engine.store.commit_log import added_files, commit_file, latest_version
 from queue_engine.store.group_commit import GroupCommitter, Notify
-from queue_engine.store.tables import LEDGER_SCHEMA, open_or_create
+from queue_engine.store.state import SWEEP_WRITER, WRITER_KEY
+from queue_engine.store.tables import LEDGER_SCHEMA, filesystem, open_or_create
 
 _TS = pa.timestamp("us", tz="UTC")
 # Rough bytes per event, for the commit size cap.
@@ -73,17 +80,63 @@ def read_ledger(path: str) -> tuple[list[LeaseEvent], int]:
     return events_from_arrow(dt.to_pyarrow_table()), int(dt.version())
 
 
+def read_ledger_after(path: str, after: int) -> tuple[list[LeaseEvent], int]:
+    """The events versions ``(after, latest]`` added (from the commit log) and the latest
+    version: what a restart replays on top of the sweep's state."""
+    latest = latest_version(path, after) if after >= 0 else latest_version(path)
+    return read_versions(path, after, latest), latest
+
+
+def read_versions(path: str, after: int, upto: int) -> list[LeaseEvent]:
+    files = [f.path for f in added_files(path, after, upto)] if upto > after else []
+    if not files:
+        return []
+    fs, _ = filesystem(files[0])
+    dataset = ds.dataset(
+        [filesystem(f)[1] for f in files], format="parquet", filesystem=fs, schema=LEDGER_SCHEMA
+    )
+    return events_from_arrow(dataset.to_table())
+
+
+def is_sweep_commit(path: str, version: int) -> bool:
+    """Whether ledger version ``version`` was written by the sweep (its TIMEOUT events)."""
+    if "://" in path:
+        fs, base = filesystem(path)
+        with fs.open_input_stream(f"{base}/{commit_file(version)}") as stream:
+            first = stream.read().decode().split("\n", 1)[0]
+    else:
+        with open(os.path.join(os.path.abspath(path), commit_file(version)), "rb") as f:
+            first = f.readline().decode()
+    try:
+        info = json.loads(first).get("commitInfo") or {}
+    except ValueError:
+        return False
+    return bool(info.get(WRITER_KEY) == SWEEP_WRITER)
+
+
 class LedgerWriter(GroupCommitter[list[LeaseEvent]]):
     """Appends lease events to one channel's ledger, many requests per Delta commit."""
 
     def __init__(self, path: str, notify: Notify, *, name: str = "") -> None:
         open_or_create(path, LEDGER_SCHEMA)
+        # Versions this writer committed: a follower of the ledger skips them.
+        self._own: set[int] = set()
+        self._own_lock = threading.Lock()
         super().__init__(path, notify, commit_max_bytes=64 * 1024 * 1024, name=name)
         self._start()
+
+    def is_own(self, version: int) -> bool:
+        with self._own_lock:
+            if version in self._own:
+                self._own.discard(version)
+                return True
+            return False
 
     def submit_events(self, events: list[LeaseEvent], token: object) -> None:
         self.submit(events, len(events) * EVENT_BYTES, token)
 
     def _commit(self, batch: list[list[LeaseEvent]]) -> None:
         events = [event for events in batch for event in events]
-        self._append(events_to_arrow(events))
+        version = self._append(events_to_arrow(events))
+        with self._own_lock:
+            self._own.add(version)

@@ -98,6 +98,9 @@ class Warehouse:
     def channel_ledger_path(self, topic: str, channel: str) -> str:
         return f"{self.channel_root(topic, channel)}/ledger"
 
+    def channel_state_path(self, topic: str, channel: str) -> str:
+        return f"{self.channel_root(topic, channel)}/state"
+
     @property
     def checkpoints_root(self) -> str:
         return self._join("_checkpoints")
