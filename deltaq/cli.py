@@ -1,4 +1,4 @@
-"""``deltaq`` subcommands: api, up (later also fanout, sweep, sql)."""
+"""``deltaq`` subcommands: up, api, fanout, sweep, sql."""
 
 from __future__ import annotations
 
@@ -40,16 +40,28 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _server(sub.add_parser("api", help="serve the HTTP API"))
     _server(sub.add_parser("up", help="run everything on this machine (the embedded default)"))
-    sub.add_parser("fanout", help="run the fanout job (see: deltaq fanout --help)", add_help=False)
+    for name, text in _JOBS.items():
+        sub.add_parser(name, help=f"{text} (see: deltaq {name} --help)", add_help=False)
     return parser
+
+
+# Subcommands that are Spark jobs under jobs/ (also runnable with spark-submit).
+_JOBS = {
+    "fanout": "run the fanout stream",
+    "sweep": "sweep leases and deferrals into the state tables",
+    "sql": "run Spark SQL over the queue's views",
+    "jobs": "the fanout and the sweep on one Spark (what deltaq up starts)",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "fanout":
-        from jobs.fanout import main as fanout_main
+    if argv and argv[0] in _JOBS:
+        import importlib
 
-        return fanout_main(argv[1:])
+        module = "embedded" if argv[0] == "jobs" else argv[0]
+        job_main = importlib.import_module(f"jobs.{module}").main
+        return int(job_main(argv[1:]))
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
@@ -57,9 +69,63 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     settings = _settings(args)
-    if args.command in ("api", "up"):
+    if args.command == "up":
+        return up(settings)
+    if args.command == "api":
         from api.server import serve
 
         serve(settings)
         return 0
     return 2
+
+
+def up(settings: Settings) -> int:
+    """The API in this process; the fanout stream and the sweep in one child on local Spark.
+    Ctrl-C (or SIGTERM) stops both: the API answers waiting SUBs and commits what is pending,
+    the child stops its stream and its sweep loop."""
+    import os
+    import signal
+    import subprocess
+
+    from api.server import serve
+
+    log = logging.getLogger("deltaq.up")
+    warehouse = (
+        os.path.abspath(settings.warehouse)
+        if "://" not in settings.warehouse
+        else (settings.warehouse)
+    )
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "deltaq",
+            "jobs",
+            "--warehouse",
+            warehouse,
+            "--every",
+            str(settings.sweep_interval_s),
+        ]
+    )
+    log.info(
+        "deltaq up: API http://%s:%d in pid %d; fanout + sweep every %.0f s on local Spark in "
+        "pid %d; warehouse %s",
+        settings.host,
+        settings.port,
+        os.getpid(),
+        settings.sweep_interval_s,
+        child.pid,
+        warehouse,
+    )
+    try:
+        serve(settings)
+    finally:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(120)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        log.info("deltaq up: stopped")
+    return 0

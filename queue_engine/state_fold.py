@@ -182,10 +182,7 @@ def fold_sorted(
                 current, state, published, topic_version = str(message_id), None, None, None
             src = srcs[i]
             if src == SRC_STATE:
-                state = state_from_values(
-                    *[f[i] for f in fields],  # type: ignore[arg-type]
-                    status=str(statuses[i]),
-                )
+                state = state_from_values([f[i] for f in fields], str(statuses[i]))
                 published, topic_version = published_col[i], topic_col[i]  # type: ignore[assignment]
             elif src == SRC_MESSAGE:
                 if state is None:

@@ -37,6 +37,7 @@ def build_session(master: str | None = None, app_name: str = "deltaq") -> SparkS
         builder = (
             builder.master(master or "local[2]")
             .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.shuffle.partitions", "2")
             .config("spark.default.parallelism", "2")
             .config("spark.driver.memory", os.environ.get("DELTAQ_SPARK_DRIVER_MEMORY", "1g"))

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import os
 import uuid
-from datetime import datetime
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import pyarrow as pa

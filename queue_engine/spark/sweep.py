@@ -27,7 +27,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from queue_engine.state_fold import (
@@ -168,7 +167,9 @@ def fold_frame(
     for p in plans:
         if p.meta is not None:
             parts.append(
-                _as_input(_read(spark, p.state_path, versionAsOf=p.meta.state_version), "state", p.index)
+                _as_input(
+                    _read(spark, p.state_path, versionAsOf=p.meta.state_version), "state", p.index
+                )
             )
         after_m = p.meta.messages_version if p.meta else -1
         if p.messages_version > after_m:

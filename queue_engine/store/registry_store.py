@@ -27,19 +27,7 @@ class RegistryStore:
         with self._lock:
             self._dt.update_incremental()
             table = self._dt.to_pyarrow_table()
-        rows = table.sort_by("seq").to_pylist()
-        return [
-            RegistryEvent(
-                seq=row["seq"],
-                at_us=_to_us(row["at"]),
-                action=Action(row["action"]),
-                topic=row["topic"],
-                channel=row["channel"],
-                topic_version=row["topic_version"],
-                topic_messages=row["topic_messages"],
-            )
-            for row in rows
-        ]
+        return events_from_table(table)
 
     def append(self, event: RegistryEvent) -> None:
         """Commit ``event``; when this returns, it survives any crash."""
@@ -59,6 +47,22 @@ class RegistryStore:
         )
         with self._lock:
             write_deltalake(self._dt, row, mode="append", post_commithook_properties=_HOOKS)
+
+
+def events_from_table(table: pa.Table) -> list[RegistryEvent]:
+    """Registry rows as events, in seq order."""
+    return [
+        RegistryEvent(
+            seq=row["seq"],
+            at_us=_to_us(row["at"]),
+            action=Action(row["action"]),
+            topic=row["topic"],
+            channel=row["channel"],
+            topic_version=row["topic_version"],
+            topic_messages=row["topic_messages"],
+        )
+        for row in table.sort_by("seq").to_pylist()
+    ]
 
 
 def _to_us(value: object) -> int:

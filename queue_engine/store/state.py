@@ -9,8 +9,9 @@ after that version; Delta's history of the table answers "what was in flight at 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
@@ -152,20 +153,20 @@ def write_state(path: str, rows: pa.Table, meta: StateMeta) -> int:
 # -- rows <-> states ------------------------------------------------------------------------
 
 
-def state_from_values(
-    attempts: int,
-    lease: str | None,
-    lease_owner: str | None,
-    delivered_at: int | None,
-    lease_expires_at: int | None,
-    lease_duration_us: int,
-    deliver_at: int | None,
-    timed_out: bool,
-    requeues: int,
-    timeouts: int,
-    status: str,
-) -> MessageState:
-    """A state row's MessageState (timestamps as µs). A row is never finished."""
+def state_from_values(values: Sequence[Any], status: str) -> MessageState:
+    """A state row's MessageState from its ``_STATE_FIELDS`` values (timestamps as µs)."""
+    (
+        attempts,
+        lease,
+        lease_owner,
+        delivered_at,
+        lease_expires_at,
+        lease_duration_us,
+        deliver_at,
+        timed_out,
+        requeues,
+        timeouts,
+    ) = values
     if attempts == 0 and deliver_at is None and requeues == 0:
         return FRESH
     return MessageState(
@@ -175,11 +176,11 @@ def state_from_values(
         lease_owner=lease_owner,
         delivered_at_us=delivered_at,
         lease_expires_at_us=lease_expires_at,
-        lease_duration_us=lease_duration_us,
+        lease_duration_us=lease_duration_us or 0,
         deliver_at_us=deliver_at,
-        timed_out=timed_out,
-        requeues=requeues,
-        timeouts=timeouts,
+        timed_out=bool(timed_out),
+        requeues=requeues or 0,
+        timeouts=timeouts or 0,
     )
 
 
@@ -216,10 +217,9 @@ def iter_states(table: pa.Table) -> Iterator[tuple[str, MessageState, int | None
         table, ["id", "status", "topic_version", *_STATE_FIELDS]
     )
     for i, message_id in enumerate(ids):
-        values = [f[i] for f in fields]
         yield (
             str(message_id),
-            state_from_values(*values, status=str(status[i])),  # type: ignore[arg-type]
+            state_from_values([f[i] for f in fields], str(status[i])),
             topic_versions[i],  # type: ignore[misc]
         )
 
