@@ -74,7 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "api":
         from api.server import serve
 
-        serve(settings)
+        try:
+            serve(settings)
+        except KeyboardInterrupt:
+            pass  # uvicorn re-raises Ctrl-C after its graceful shutdown
         return 0
     return 2
 
@@ -119,6 +122,8 @@ def up(settings: Settings) -> int:
     )
     try:
         serve(settings)
+    except KeyboardInterrupt:
+        pass  # uvicorn re-raises Ctrl-C after its graceful shutdown
     finally:
         if child.poll() is None:
             child.send_signal(signal.SIGTERM)

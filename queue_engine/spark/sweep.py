@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, write_deltalake
+from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -260,6 +260,7 @@ def sweep(
 def _commit_channel(p: ChannelPlan, rows: pa.Table, now: int) -> tuple[int, int, int]:
     """Write one channel's TIMEOUTs, then its state. Returns (live, timeouts, finished)."""
     timed_out = rows.filter(rows["swept_timeout"]) if rows.num_rows else rows
+    ledger_version = p.ledger_version
     if timed_out.num_rows:
         n = timed_out.num_rows
         events = pa.Table.from_arrays(
@@ -275,19 +276,24 @@ def _commit_channel(p: ChannelPlan, rows: pa.Table, now: int) -> tuple[int, int,
             ],
             schema=LEDGER_SCHEMA,
         )
+        ledger = DeltaTable(p.ledger_path)
         write_deltalake(
-            p.ledger_path,
+            ledger,
             events,
             mode="append",
             commit_properties=CommitProperties(custom_metadata={WRITER_KEY: SWEEP_WRITER}),
         )
+        if ledger.version() == p.ledger_version + 1:
+            # Nobody committed in between: the rows are exactly the fold of the ledger up to
+            # the TIMEOUT commit, so the next sweep need not read it back.
+            ledger_version = ledger.version()
     status = rows["status"] if rows.num_rows else pa.array([], pa.string())
     is_finished = pc.equal(status, FINISHED) if rows.num_rows else pa.array([], pa.bool_())
     done = rows.filter(is_finished) if rows.num_rows else rows
     live = rows.filter(pc.invert(is_finished)) if rows.num_rows else rows
     previous = p.meta
     meta = StateMeta(
-        ledger_version=p.ledger_version,
+        ledger_version=ledger_version,
         messages_version=p.messages_version,
         topic_version=max(_max_topic_version(p), previous.topic_version if previous else -1),
         finished_requeues=(previous.finished_requeues if previous else 0)
@@ -318,8 +324,6 @@ def _next_due(live: pa.Table) -> int | None:
 def _max_topic_version(p: ChannelPlan) -> int:
     """The highest topic_version of the channel table at the version swept: the restart
     cursor (a row at or below it is live iff it has a state row; FIN'd rows are gone)."""
-    from deltalake import DeltaTable
-
     try:
         dt = DeltaTable(p.messages_path)
     except Exception:

@@ -1,0 +1,183 @@
+"""The sweep job on local Spark: the same fold as Python, incremental, and safe to kill."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, write_deltalake
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pyspark.sql import SparkSession
+
+from bench.synthetic import register, write_deliveries, write_messages
+from queue_engine.spark.sweep import plan, sweep
+from queue_engine.state_fold import FINISHED
+from queue_engine.store.state import read_meta
+from queue_engine.store.tables import LEDGER_SCHEMA, Warehouse
+from tests.conftest import ROOT
+from tests.ledgers import BASE_US, Channel, channels, comparable, python_fold, rows_as_states
+
+
+def write_channel(wh: Warehouse, topic: str, name: str, channel: Channel) -> None:
+    register(wh, topic, name)
+    write_deltalake(wh.channel_messages_path(topic, name), channel.messages(), mode="append")
+    write_deltalake(
+        wh.channel_ledger_path(topic, name), channel.ledger().cast(LEDGER_SCHEMA), mode="append"
+    )
+
+
+def state_rows(wh: Warehouse, topic: str, name: str) -> pa.Table:
+    table = DeltaTable(wh.channel_state_path(topic, name)).to_pyarrow_table()
+    return table.append_column("swept_timeout", pa.array([False] * table.num_rows))
+
+
+def status_counts(state: pa.Table) -> dict[str, int]:
+    return dict(Counter(state["status"].to_pylist()))
+
+
+def timeouts_written(wh: Warehouse, topic: str, name: str) -> list[str]:
+    ledger = DeltaTable(wh.channel_ledger_path(topic, name)).to_pyarrow_table()
+    swept = ledger.filter(pc.equal(ledger["event"], "TIMEOUT"))
+    return sorted(swept["id"].to_pylist())
+
+
+@given(st.lists(channels(max_events=50), min_size=1, max_size=3), st.integers(0, 600))
+@settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+def test_spark_sweep_agrees_with_the_python_fold(
+    spark: SparkSession, chans: list[Channel], later: int
+) -> None:
+    """One Spark job over several random channels: every channel's state is the Python fold."""
+    wh = Warehouse(tempfile.mkdtemp(prefix="sweep-prop-"))
+    # Only TIMEOUT-free histories, so the ledger's own TIMEOUTs and the sweep's can be told
+    # apart when checking what the sweep appended.
+    for i, chan in enumerate(chans):
+        chan.events = [e for e in chan.events if e.kind != "TIMEOUT"]
+        write_channel(wh, "t", f"c{i}", chan)
+    now = BASE_US + later
+    report = sweep(spark, wh, now=now)
+    assert report.channels_swept == len(chans)
+    for i, chan in enumerate(chans):
+        expected = comparable(python_fold(chan, now))
+        live = {k: v for k, v in expected.items() if v[0] != FINISHED}
+        got = comparable(rows_as_states(state_rows(wh, "t", f"c{i}")))
+        # swept_timeout is not stored: compare it through the TIMEOUT events appended.
+        assert {k: v[:-1] for k, v in got.items()} == {k: v[:-1] for k, v in live.items()}
+        swept = sorted(k for k, v in expected.items() if v[-1])
+        assert timeouts_written(wh, "t", f"c{i}") == swept
+
+
+def test_sweep_is_incremental_and_skips_unchanged_channels(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    wh = Warehouse(str(tmp_path / "wh"))
+    register(wh, "t", "c")
+    ids = write_messages(wh, "t", "c", 40, rows_per_commit=10)
+    write_deliveries(wh, "t", "c", ids[:20], expired_fraction=0.25, rows_per_commit=10)
+    first = sweep(spark, wh)
+    assert (first.live, first.timeouts, first.finished) == (40, 5, 0)
+    # Nothing new, nothing due: skipped without a Spark job.
+    assert plan(wh, time.time_ns() // 1000)[0] == []
+    assert sweep(spark, wh).channels_skipped == 1
+    # FIN five of the delivered messages whose leases are live, add ten rows.
+    state = DeltaTable(wh.channel_state_path("t", "c")).to_pyarrow_table()
+    in_flight = state.filter(pc.equal(state["status"], "in_flight")).slice(0, 5)
+    now = time.time_ns() // 1000
+    fins = pa.Table.from_pydict(
+        {
+            "id": in_flight["id"],
+            "event": ["FIN"] * 5,
+            "attempt": pa.array([1] * 5, pa.int32()),
+            "lease": in_flight["lease"],
+            "lease_expires_at": pa.nulls(5, pa.timestamp("us", tz="UTC")),
+            "deliver_at": pa.nulls(5, pa.timestamp("us", tz="UTC")),
+            "consumer": pa.nulls(5, pa.string()),
+            "at": pa.array([now + i for i in range(5)]).cast(pa.timestamp("us", tz="UTC")),
+        },
+        schema=LEDGER_SCHEMA,
+    )
+    write_deltalake(wh.channel_ledger_path("t", "c"), fins, mode="append")
+    write_messages(wh, "t", "c", 10, first_id=1000, rows_per_commit=10, topic_version=4)
+    second = sweep(spark, wh)
+    assert (second.live, second.timeouts, second.finished) == (45, 0, 5)
+    state = DeltaTable(wh.channel_state_path("t", "c")).to_pyarrow_table()
+    assert not set(in_flight["id"].to_pylist()) & set(state["id"].to_pylist())
+    # 20 never delivered + 5 timed out + 10 new are ready; 15 leases live, 5 of them FIN'd.
+    assert status_counts(state) == {"ready": 35, "in_flight": 10}
+    meta = read_meta(wh.channel_state_path("t", "c"))
+    assert meta is not None and meta.finished_timeouts == 0 and meta.topic_version == 4
+    assert sum(state["timeouts"].to_pylist()) == 5
+
+
+def test_sweep_killed_mid_run_then_rerun_applies_each_timeout_once(tmp_path: Path) -> None:
+    """SIGKILL at several points of `deltaq sweep --once`, then a full run: the state is the
+    fold of the ledger and no expired lease is counted twice."""
+    wh = Warehouse(str(tmp_path / "wh"))
+    register(wh, "t", "c")
+    ids = write_messages(wh, "t", "c", 3000, rows_per_commit=500)
+    expired = write_deliveries(wh, "t", "c", ids, expired_fraction=0.2, rows_per_commit=500)
+    command = [sys.executable, "-m", "deltaq", "sweep", "--once", "--warehouse", wh.root]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for delay in (4.0, 7.0, 9.0):
+        proc = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    done = subprocess.run(command, check=False, cwd=ROOT, env=env, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    state = DeltaTable(wh.channel_state_path("t", "c")).to_pyarrow_table()
+    assert state.num_rows == 3000
+    assert sum(state["timeouts"].to_pylist()) == expired
+    assert status_counts(state) == {"ready": expired, "in_flight": 3000 - expired}
+    timed_out = state.filter(pc.equal(state["status"], "ready"))
+    assert set(timed_out["timeouts"].to_pylist()) == {1}
+    assert set(timed_out["attempts"].to_pylist()) == {1}
+    # The ledger may hold a TIMEOUT from a killed run and none from the last; never a state
+    # that counts both.
+    assert len(timeouts_written(wh, "t", "c")) >= expired
+
+
+def test_a_sweep_that_died_between_its_two_commits_is_completed_by_the_next(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    wh = Warehouse(str(tmp_path / "wh"))
+    register(wh, "t", "c")
+    ids = write_messages(wh, "t", "c", 100, rows_per_commit=100)
+    write_deliveries(wh, "t", "c", ids, expired_fraction=0.5, rows_per_commit=100)
+    # The TIMEOUT commit of a sweep that then died: the same events, no state written.
+    ledger = DeltaTable(wh.channel_ledger_path("t", "c")).to_pyarrow_table()
+    now = time.time_ns() // 1000
+    expired = ledger.filter(pc.less(ledger["lease_expires_at"].cast(pa.int64()), now))
+    n = expired.num_rows
+    orphan = pa.Table.from_pydict(
+        {
+            "id": expired["id"],
+            "event": ["TIMEOUT"] * n,
+            "attempt": expired["attempt"],
+            "lease": pa.nulls(n, pa.string()),
+            "lease_expires_at": pa.nulls(n, pa.timestamp("us", tz="UTC")),
+            "deliver_at": pa.nulls(n, pa.timestamp("us", tz="UTC")),
+            "consumer": pa.nulls(n, pa.string()),
+            "at": pa.array([now] * n).cast(pa.timestamp("us", tz="UTC")),
+        },
+        schema=LEDGER_SCHEMA,
+    )
+    write_deltalake(wh.channel_ledger_path("t", "c"), orphan, mode="append")
+    report = sweep(spark, wh)
+    assert report.timeouts == 0  # already timed out by the orphaned commit
+    state = DeltaTable(wh.channel_state_path("t", "c")).to_pyarrow_table()
+    assert sum(state["timeouts"].to_pylist()) == n == 50
