@@ -47,7 +47,6 @@ def build_session(master: str | None = None, app_name: str = "deltaq") -> SparkS
             builder = builder.config("spark.driver.host", "127.0.0.1").config(
                 "spark.driver.bindAddress", "127.0.0.1"
             )
-    builder = builder.config("spark.sql.python.filterPushdown.enabled", "true")
     spark = builder.getOrCreate()
     register(spark)
     log.info(

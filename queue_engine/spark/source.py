@@ -1,7 +1,9 @@
 """``format("deltaq")``: a PySpark Python Data Source over delta-rs.
 
 - ``spark.read.format("deltaq").load(path)``: batch read of one Delta table; one input partition
-  per group of data files, Arrow record batches, simple comparisons pushed down to Parquet.
+  per group of data files, Arrow record batches. No filter pushdown: Spark 4.2 reuses a
+  reader that had filters pushed into it for later queries of the same DataFrame or view
+  (measured: wrong counts), so Spark filters the rows itself.
   Time travel: ``versionAsOf`` or ``timestampAsOf`` (ISO 8601); only the rows that versions
   (a, b] added: ``afterVersion`` a and ``toVersion`` b (the sweep's incremental reads).
 - ``spark.readStream.format("deltaq").load(path)``: offsets are Delta versions; each micro-batch
@@ -24,7 +26,6 @@ from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
@@ -34,13 +35,7 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
-    EqualTo,
-    Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
     InputPartition,
-    LessThan,
-    LessThanOrEqual,
     WriterCommitMessage,
 )
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -134,14 +129,6 @@ def _arrow_schema(path: str) -> pa.Schema:
 
 # -- batch reading -------------------------------------------------------------------------
 
-_PUSHABLE = {
-    EqualTo: pc.equal,
-    GreaterThan: pc.greater,
-    GreaterThanOrEqual: pc.greater_equal,
-    LessThan: pc.less,
-    LessThanOrEqual: pc.less_equal,
-}
-
 
 @dataclass(frozen=True)
 class Selection:
@@ -183,17 +170,6 @@ class TableReader(DataSourceReader):
         self.path = path
         self.files_per_partition = files_per_partition
         self.selection = selection
-        self.filters: list[tuple[str, str, Any]] = []
-
-    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
-        """Comparisons of a top-level column with a literal are applied while reading Parquet
-        (row groups skipped by their statistics); the rest Spark evaluates."""
-        for f in filters:
-            attribute: tuple[str, ...] = tuple(getattr(f, "attribute", ()))
-            if type(f) in _PUSHABLE and len(attribute) == 1:
-                self.filters.append((type(f).__name__, attribute[0], getattr(f, "value", None)))
-            else:
-                yield f
 
     def partitions(self) -> Sequence[InputPartition]:
         uris = self.selection.files(self.path)
@@ -205,17 +181,10 @@ class TableReader(DataSourceReader):
         files = _files(partition)
         if not files:
             return
-        expression = None
-        for name, column, value in self.filters:
-            term = _PUSHABLE[_FILTER_TYPES[name]](ds.field(column), value)
-            expression = term if expression is None else expression & term
         dataset = ds.dataset(
             [f[0] for f in files], format="parquet", schema=_arrow_schema(self.path)
         )
-        yield from dataset.to_batches(filter=expression)
-
-
-_FILTER_TYPES = {cls.__name__: cls for cls in _PUSHABLE}
+        yield from dataset.to_batches()
 
 
 # -- streaming reading ---------------------------------------------------------------------

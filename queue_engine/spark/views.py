@@ -193,7 +193,7 @@ SELECT
     AS oldest_ready_age_s,
   s.finished_requeues + COALESCE(a.requeues, 0) AS requeues,
   s.finished_timeouts + COALESCE(a.timeouts, 0) AS timeouts,
-  COALESCE(f.fins, 0) / 60.0 AS fin_per_s,
+  CAST(COALESCE(f.fins, 0) AS DOUBLE) / 60 AS fin_per_s,
   s.swept_at
 FROM _deltaq_sweeps s
 LEFT JOIN (

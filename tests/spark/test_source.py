@@ -73,6 +73,23 @@ def test_filter_pushdown_gives_exact_rows(spark: SparkSession, tmp_path: Path) -
     assert_df_equality(df, expected(spark, direct), ignore_row_order=True, ignore_nullable=True)
 
 
+def test_a_filtered_query_does_not_narrow_later_queries_of_the_same_frame(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Spark 4.2 reuses a reader that had filters pushed into it; the source pushes none."""
+    path = tmp_path / "t"
+    make_topic(path, commits=4)
+    ids = sorted(DeltaTable(str(path)).to_pyarrow_table()["id"].to_pylist())
+    df = spark.read.format("deltaq").load(str(path))
+    assert df.where(F.col("id") >= ids[10]).count() == 2
+    assert df.count() == 12
+    df.createOrReplaceTempView("narrowing")
+    narrowed = spark.sql(f"SELECT count(*) AS n FROM narrowing WHERE id < '{ids[3]}'").first()
+    assert narrowed is not None and narrowed["n"] == 3
+    everything = spark.sql("SELECT count(*) AS n FROM narrowing").first()
+    assert everything is not None and everything["n"] == 12
+
+
 def test_sql_view_over_the_source(spark: SparkSession, tmp_path: Path) -> None:
     path = tmp_path / "t"
     make_topic(path, commits=4)

@@ -1,0 +1,160 @@
+"""The sweep end to end: a real server that leaves lease expiry to the sweep, the fanout
+stream, the sweep job and the SQL views on local Spark, real HTTP clients."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pyspark.sql import SparkSession
+
+from queue_engine.spark.fanout_stream import start_fanout
+from queue_engine.spark.sweep import sweep
+from queue_engine.spark.views import register_views
+from queue_engine.store.tables import Warehouse
+from tests.conftest import Server
+from tests.consumers import answer, body, channel_stats, create_channel, sub
+
+
+@pytest.fixture(scope="module")
+def warehouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sweep") / "wh"
+
+
+@pytest.fixture(scope="module")
+def fanout(spark: SparkSession, warehouse: Path) -> Iterator[None]:
+    query = start_fanout(spark, Warehouse(str(warehouse)), once=False)
+    yield
+    query.stop()
+
+
+@pytest.fixture(scope="module")
+def server(warehouse: Path, fanout: None) -> Iterator[Server]:
+    # Leases end only through the sweep here, so what the sweep does is what is tested.
+    s = Server(
+        warehouse,
+        env={"DELTAQ_SCAN_LEASES": "false", "DELTAQ_MAX_REQ_TIMEOUT_MS": "60000"},
+    ).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def http(server: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=70) as c:
+        yield c
+
+
+def publish(c: httpx.Client, topic: str, *bodies: bytes, **params: Any) -> None:
+    for b in bodies:
+        assert c.post("/pub", params={"topic": topic, **params}, content=b).text == "OK"
+
+
+def take(c: httpx.Client, topic: str, channel: str, n: int, **params: Any) -> list[dict[str, Any]]:
+    """Exactly ``n`` messages (waiting for the fanout), leased with ``params``."""
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 60
+    while len(got) < n and time.monotonic() < deadline:
+        got += sub(c, topic, channel, max=n - len(got), wait_ms=2000, **params)
+    assert len(got) == n
+    return got
+
+
+def test_an_unanswered_lease_comes_back_after_the_sweep_with_attempts_2(
+    spark: SparkSession, http: httpx.Client, warehouse: Path
+) -> None:
+    create_channel(http, "exp", "c")
+    publish(http, "exp", b"a", b"b", b"c")
+    leased = take(http, "exp", "c", 3, msg_timeout_ms=1000)
+    assert {m["attempts"] for m in leased} == {1}
+    first, *silent = leased
+    assert answer(http, "fin", "exp", "c", first).text == "OK"
+    time.sleep(1.3)
+    # The leases have ended but nobody has swept: nothing is handed out twice.
+    assert sub(http, "exp", "c", wait_ms=300) == []
+    report = sweep(spark, Warehouse(str(warehouse)))
+    assert report.timeouts == 2
+    again = take(http, "exp", "c", 2, msg_timeout_ms=60000)
+    assert sorted(body(m) for m in again) == sorted(body(m) for m in silent)
+    assert {m["attempts"] for m in again} == {2}
+    # A consumer answering with the expired lease is told so.
+    assert answer(http, "fin", "exp", "c", silent[0]).status_code == 409
+    stats = channel_stats(http, "exp", "c")
+    assert stats["timeout_count"] == 2 and stats["in_flight_count"] == 2
+
+
+def test_sql_views_say_what_stats_says(
+    spark: SparkSession, http: httpx.Client, warehouse: Path
+) -> None:
+    create_channel(http, "views", "c")
+    publish(http, "views", *[f"m{i}".encode() for i in range(6)])
+    leased = take(http, "views", "c", 4, msg_timeout_ms=60000)
+    assert answer(http, "fin", "views", "c", leased[0]).text == "OK"
+    assert answer(http, "req", "views", "c", leased[1], delay_ms=60000).text == "OK"
+    assert answer(http, "req", "views", "c", leased[2]).text == "OK"
+    sweep(spark, Warehouse(str(warehouse)))
+    stats = channel_stats(http, "views", "c")
+    register_views(spark, str(warehouse))
+    [row] = spark.sql("SELECT * FROM queue_stats WHERE topic = 'views' AND channel = 'c'").collect()
+    assert (
+        (row.depth, row.in_flight, row.deferred, row.requeues, row.timeouts)
+        == (
+            stats["depth"],
+            stats["in_flight_count"],
+            stats["deferred_count"],
+            stats["requeue_count"],
+            stats["timeout_count"],
+        )
+        == (3, 1, 1, 2, 0)
+    )
+    assert row.fin_per_s == pytest.approx(1 / 60)
+    [count] = spark.sql(
+        "SELECT count(*) AS n FROM messages WHERE topic = 'views' AND channel = 'c'"
+    ).collect()
+    assert count.n == stats["message_count"] == 6
+    events = {
+        r.event: r.n
+        for r in spark.sql(
+            "SELECT event, count(*) AS n FROM ledger WHERE topic = 'views' GROUP BY event"
+        ).collect()
+    }
+    assert events == {"DELIVER": 4, "FIN": 1, "REQ": 2}
+    [deferred] = spark.sql(
+        "SELECT id, attempts, deliver_at FROM state WHERE topic = 'views' AND status = 'deferred'"
+    ).collect()
+    assert deferred.id == leased[1]["id"] and deferred.attempts == 1
+    names = {r.channel for r in spark.sql("SELECT * FROM channels").collect()}
+    assert {"c"} <= names
+
+
+def test_deferred_messages_are_honoured_across_an_api_restart(
+    spark: SparkSession, http: httpx.Client, server: Server, warehouse: Path
+) -> None:
+    create_channel(http, "later", "c")
+    publish(http, "later", b"now")
+    [first] = take(http, "later", "c", 1)
+    sweep(spark, Warehouse(str(warehouse)))  # the restart below starts from this state
+    assert answer(http, "req", "later", "c", first, delay_ms=4000).text == "OK"
+    requeued_at = time.time()
+    publish(http, "later", b"dpub", defer=4000)
+    published_at = time.time()
+    deadline = time.monotonic() + 30
+    while channel_stats(http, "later", "c")["deferred_count"] < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    server.kill9()
+    server.start()
+    sweep(spark, Warehouse(str(warehouse)))
+    with httpx.Client(base_url=server.url, timeout=70) as c:
+        assert channel_stats(c, "later", "c")["deferred_count"] == 2
+        got = take(c, "later", "c", 2)
+        received = time.time()
+    by_body = {body(m): m for m in got}
+    assert by_body[b"now"]["attempts"] == 2 and by_body[b"dpub"]["attempts"] == 1
+    # Not before their time; and promptly after (the API promotes due deferrals itself).
+    assert received >= max(requeued_at, published_at) + 4.0 - 0.05
+    assert received <= max(requeued_at, published_at) + 4.0 + 5.0
