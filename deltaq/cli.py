@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 
@@ -74,10 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "api":
         from api.server import serve
 
-        try:
+        # uvicorn re-raises Ctrl-C after its graceful shutdown.
+        with contextlib.suppress(KeyboardInterrupt):
             serve(settings)
-        except KeyboardInterrupt:
-            pass  # uvicorn re-raises Ctrl-C after its graceful shutdown
         return 0
     return 2
 

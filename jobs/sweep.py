@@ -23,14 +23,23 @@ def run_every(spark: object, warehouse: str, every_s: float, stop: threading.Eve
     from queue_engine.store.tables import Warehouse
 
     wh = Warehouse(warehouse)
+    upkeep = maintenance()
     while not stop.is_set():
         try:
-            sweep(spark, wh)  # type: ignore[arg-type]
+            sweep(spark, wh, maintenance=upkeep)  # type: ignore[arg-type]
         except Exception:
             if stop.is_set():
                 return
             log.exception("sweep failed; retrying in %.1f s", every_s)
         stop.wait(every_s)
+
+
+def maintenance() -> object:
+    """Table upkeep by the settings' policy (DELTAQ_* / DELTAQ_CONFIG), kept across sweeps."""
+    from queue_engine.settings import load_settings
+    from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
+
+    return Maintenance(MaintenancePolicy.from_settings(load_settings()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     spark = build_session(args.master, "deltaq-sweep")
     try:
         if args.every is None:
-            report = sweep(spark, Warehouse(args.warehouse), force=args.force)
+            report = sweep(
+                spark,
+                Warehouse(args.warehouse),
+                force=args.force,
+                maintenance=maintenance(),  # type: ignore[arg-type]
+            )
             print(
                 f"swept {report.channels_swept} channels ({report.channels_skipped} unchanged): "
                 f"{report.live} live, {report.timeouts} timed out, {report.finished} finished "

@@ -76,15 +76,7 @@ class Broker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
         self.maintenance = Maintenance(
-            MaintenancePolicy(
-                checkpoint_interval_commits=settings.checkpoint_interval_commits,
-                compact_min_small_files=settings.compact_min_small_files,
-                compact_target_file_bytes=settings.compact_target_file_bytes,
-                compact_interval_s=settings.compact_interval_s,
-                vacuum_retention_hours=settings.vacuum_retention_hours,
-                vacuum_interval_s=settings.vacuum_interval_s,
-                interval_ms=settings.maintenance_interval_ms,
-            ),
+            MaintenancePolicy.from_settings(settings),
             on_checkpoint=self._checkpointed,
         )
 

@@ -19,6 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from queue_engine.settings import Settings
+
 log = logging.getLogger(__name__)
 
 
@@ -38,6 +40,18 @@ class MaintenancePolicy:
     vacuum_retention_hours: int
     vacuum_interval_s: int
     interval_ms: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> MaintenancePolicy:
+        return cls(
+            checkpoint_interval_commits=settings.checkpoint_interval_commits,
+            compact_min_small_files=settings.compact_min_small_files,
+            compact_target_file_bytes=settings.compact_target_file_bytes,
+            compact_interval_s=settings.compact_interval_s,
+            vacuum_retention_hours=settings.vacuum_retention_hours,
+            vacuum_interval_s=settings.vacuum_interval_s,
+            interval_ms=settings.maintenance_interval_ms,
+        )
 
 
 class Maintenance:

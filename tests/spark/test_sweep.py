@@ -21,6 +21,7 @@ from pyspark.sql import SparkSession
 from bench.synthetic import register, write_deliveries, write_messages
 from queue_engine.spark.sweep import plan, sweep
 from queue_engine.state_fold import FINISHED
+from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
 from queue_engine.store.state import read_meta
 from queue_engine.store.tables import LEDGER_SCHEMA, Warehouse
 from tests.conftest import ROOT
@@ -181,3 +182,33 @@ def test_a_sweep_that_died_between_its_two_commits_is_completed_by_the_next(
     assert report.timeouts == 0  # already timed out by the orphaned commit
     state = DeltaTable(wh.channel_state_path("t", "c")).to_pyarrow_table()
     assert sum(state["timeouts"].to_pylist()) == n == 50
+
+
+def test_the_sweep_compacts_small_files_without_changing_what_is_read(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    wh = Warehouse(str(tmp_path / "wh"))
+    register(wh, "t", "c")
+    ids = write_messages(wh, "t", "c", 60, rows_per_commit=5)  # 12 small files
+    write_deliveries(wh, "t", "c", ids[:30], expired_fraction=0.1, rows_per_commit=5)
+    policy = MaintenancePolicy(
+        checkpoint_interval_commits=1,
+        compact_min_small_files=5,
+        compact_target_file_bytes=64 * 1024 * 1024,
+        compact_interval_s=0,
+        vacuum_retention_hours=168,
+        vacuum_interval_s=3600,
+        interval_ms=1000,
+    )
+    report = sweep(spark, wh, maintenance=Maintenance(policy))
+    for path in (wh.channel_messages_path("t", "c"), wh.channel_ledger_path("t", "c")):
+        assert len(DeltaTable(path).file_uris()) == 1
+    assert (
+        sorted(DeltaTable(wh.channel_messages_path("t", "c")).to_pyarrow_table()["id"].to_pylist())
+        == ids
+    )
+    # Compaction commits are not data changes: the next sweep has nothing to read but them.
+    again = sweep(spark, wh, force=True)
+    assert (again.live, again.timeouts) == (report.live, 0) == (60, 0)
+    state = DeltaTable(wh.channel_state_path("t", "c")).to_pyarrow_table()
+    assert status_counts(state) == {"ready": 33, "in_flight": 27}

@@ -1,0 +1,128 @@
+"""Sweep duration and API restart-to-ready for a channel of 1,000,000 live messages.
+
+    .venv/bin/python -m bench.sweep [--messages 1000000] [--expired 0.1]
+
+The channel is written straight into its tables (bench/synthetic.py): every message delivered
+once, ``--expired`` of the leases ended a minute ago. Printed:
+- the sweep on local Spark (local[2]): first run (folds the whole ledger, writes TIMEOUTs and
+  the state), then a run with nothing new but the TIMEOUT commit (reads the state back);
+- for reference, the same fold in one Python process (queue_engine.state_fold.fold_tables);
+- API restart-to-ready (spawn -> first message handed out by /sub), from the sweep's state
+  and, for comparison, from the ledger alone (no state table), with the API's peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+from deltalake import DeltaTable
+
+from bench.procs import HOST, api_process, free_port, stop
+from bench.synthetic import register, write_deliveries, write_messages
+from queue_engine.store.tables import Warehouse
+
+
+def build(root: Path, messages: int, expired: float) -> tuple[Warehouse, int]:
+    wh = Warehouse(str(root))
+    register(wh, "bench", "c")
+    ids = write_messages(wh, "bench", "c", messages)
+    count = write_deliveries(wh, "bench", "c", ids, expired_fraction=expired)
+    return wh, count
+
+
+def restart_to_ready(root: Path, *, without_state: bool) -> tuple[float, float]:
+    """Seconds from spawning the API to its first delivered message, and its peak RSS (MB)."""
+    state = Path(root) / "channels" / "bench" / "c" / "state"
+    hidden = state.with_name("state.hidden")
+    if without_state and state.exists():
+        state.rename(hidden)
+    port = free_port()
+    started = time.perf_counter()
+    proc = api_process(root, port)
+    peak = 0.0
+    try:
+        while True:
+            peak = max(peak, psutil.Process(proc.pid).memory_info().rss / 2**20)
+            try:
+                url = f"http://{HOST}:{port}/sub?topic=bench&channel=c&wait_ms=0"
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    if b'"id"' in r.read():
+                        return time.perf_counter() - started, peak
+            except OSError:
+                pass
+            if proc.poll() is not None:
+                raise RuntimeError("the API exited")
+            if time.perf_counter() - started > 300:
+                raise TimeoutError("not ready after 300 s")
+            time.sleep(0.05)
+    finally:
+        stop(proc)
+        if hidden.exists():
+            shutil.rmtree(state)
+            hidden.rename(state)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--expired", type=float, default=0.1)
+    args = parser.parse_args()
+
+    from queue_engine.spark.session import build_session
+    from queue_engine.spark.sweep import sweep
+    from queue_engine.state_fold import fold_tables
+
+    tmp = Path(tempfile.mkdtemp(prefix="deltaq-bench-sweep-"))
+    try:
+        t = time.perf_counter()
+        wh, expired = build(tmp / "wh", args.messages, args.expired)
+        print(
+            f"channel: {args.messages:,} messages, all in flight, {expired:,} leases expired "
+            f"(written in {time.perf_counter() - t:.1f} s)"
+        )
+        ledger = DeltaTable(wh.channel_ledger_path("bench", "c")).to_pyarrow_table()
+        messages = DeltaTable(wh.channel_messages_path("bench", "c")).to_pyarrow_table(
+            columns=["id", "published_at", "deliver_at", "topic_version"]
+        )
+        t = time.perf_counter()
+        fold_tables(None, messages, ledger, time.time_ns() // 1000, 0)
+        reference = time.perf_counter() - t
+        del ledger, messages
+
+        spark = build_session(None, "deltaq-bench-sweep")
+        spark.sparkContext.setLogLevel("ERROR")
+        first = sweep(spark, wh)
+        assert first.timeouts == expired, first
+        second = sweep(spark, wh, force=True)
+        spark.stop()
+        print(
+            f"sweep (Spark local[2]): first {first.seconds:.1f} s "
+            f"({first.live:,} live, {first.timeouts:,} TIMEOUTs written); "
+            f"again from the state {second.seconds:.1f} s"
+        )
+        print(f"reference: the same fold in one Python process, {reference:.1f} s")
+
+        ready, rss = restart_to_ready(tmp / "wh", without_state=False)
+        print(
+            f"API restart to first delivery, from state + ledger tail: {ready:.1f} s, "
+            f"peak RSS {rss:.0f} MB"
+        )
+        ready, rss = restart_to_ready(tmp / "wh", without_state=True)
+        print(
+            f"API restart to first delivery, folding the whole ledger: {ready:.1f} s, "
+            f"peak RSS {rss:.0f} MB"
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
