@@ -293,6 +293,7 @@ class ChannelRuntime:
                 if changed and self.waiting:
                     await self.wake()
             self._ledger_seen = version
+            self._writer.forget_own_through(version)
 
     async def poll(self) -> None:
         """Read the versions the fanout committed since the last poll."""

@@ -127,10 +127,12 @@ class LedgerWriter(GroupCommitter[list[LeaseEvent]]):
 
     def is_own(self, version: int) -> bool:
         with self._own_lock:
-            if version in self._own:
-                self._own.discard(version)
-                return True
-            return False
+            return version in self._own
+
+    def forget_own_through(self, version: int) -> None:
+        """The follower has passed ``version``: its own versions up to there are not needed."""
+        with self._own_lock:
+            self._own = {v for v in self._own if v > version}
 
     def submit_events(self, events: list[LeaseEvent], token: object) -> None:
         self.submit(events, len(events) * EVENT_BYTES, token)
