@@ -88,6 +88,8 @@ class ChannelQueue:
         self._covered_through = -1
         self._unstarted: set[str] = set()
         self._last_at_us = 0
+        # Ready messages ``take`` had to pass over because their bodies are not loaded.
+        self.body_wanted: set[str] = set()
         self.requeue_count = 0
         self.timeout_count = 0
 
@@ -154,10 +156,24 @@ class ChannelQueue:
                 continue
             known = message_id in self.states
             self._bodies[message_id] = (body, published)
+            self.body_wanted.discard(message_id)
             if not known:
                 fresh += 1
                 self._place(message_id, initial(deliver_at), now_us)
         return fresh
+
+    def attach_bodies(
+        self, ids: Sequence[str], bodies: Sequence[bytes], published_at_us: Sequence[int]
+    ) -> int:
+        """Bodies looked up by id: only for messages still live (one FIN'd meanwhile must
+        not come back as a new message). Returns how many were attached."""
+        attached = 0
+        for message_id, body, published in zip(ids, bodies, published_at_us, strict=True):
+            if message_id in self.states:
+                self._bodies[message_id] = (body, published)
+                self.body_wanted.discard(message_id)
+                attached += 1
+        return attached
 
     def forget_finished(self) -> None:
         """Every row that existed at restore has been read: the finished set is not needed."""
@@ -165,7 +181,11 @@ class ChannelQueue:
         self._remember_finished = False
 
     def needs_body(self) -> list[str]:
-        return [m for m in self.states if m not in self._bodies]
+        """Messages that can be delivered soon (not in flight) whose bodies are not loaded.
+        In-flight messages get theirs when the reader passes their rows, or on demand
+        (``body_wanted``) if their lease ends first: a restart with a million leases out does
+        not read a million bodies."""
+        return [m for m in self.states if m not in self._bodies and m not in self.in_flight]
 
     # -- consuming ---------------------------------------------------------------------------
 
@@ -209,6 +229,7 @@ class ChannelQueue:
             events.append(event)
             deliveries.append(Delivery(message_id, attempt, body[1], body[0], event.lease or ""))
         self._ready.extendleft(reversed(skipped))
+        self.body_wanted.update(skipped)
         return deliveries, events
 
     def settle(

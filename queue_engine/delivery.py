@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from queue_engine.channel_queue import Answer, ChannelQueue, Delivery
 from queue_engine.errors import ErrorCode, QueueError
-from queue_engine.lease import FRESH, EventKind, LeaseEvent, MessageState, fold
+from queue_engine.lease import FRESH, EventKind, LeaseEvent, fold
 from queue_engine.store.channel_reader import ChannelReader
 from queue_engine.store.commit_log import commit_file
 from queue_engine.store.group_commit import WriterClosedError
@@ -34,7 +34,7 @@ from queue_engine.store.ledger import (
     read_ledger_after,
     read_versions,
 )
-from queue_engine.store.state import StateMeta, iter_states, read_meta, read_state
+from queue_engine.store.state import StateMeta, load_states, read_meta, read_state
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,7 @@ class ChannelRuntime:
         self._changed = asyncio.Condition()
         self._load_lock = asyncio.Lock()
         self._clients: dict[str, float] = {}
+        self._fetching = False
         self.waiting = 0
         self.closed = False
         self._broken = False
@@ -162,16 +163,8 @@ class ChannelRuntime:
         """The sweep's state plus the ledger after it: bounded by the live messages, however
         long the channel has lived."""
         assert self.state_path is not None
-        states: dict[str, MessageState] = {}
-        unstarted: set[str] = set()
-        lowest = meta.topic_version + 1
-        for message_id, state, topic_version in iter_states(read_state(self.state_path, meta)):
-            if state is FRESH:
-                unstarted.add(message_id)
-            else:
-                states[message_id] = state
-            if topic_version is not None:
-                lowest = min(lowest, topic_version)
+        states, unstarted, oldest = load_states(read_state(self.state_path, meta))
+        lowest = meta.topic_version + 1 if oldest is None else min(oldest, meta.topic_version + 1)
         events, version = read_ledger_after(self.ledger_path, meta.ledger_version)
         folded = fold(events, states)
         for message_id, state in list(folded.items()):
@@ -213,6 +206,8 @@ class ChannelRuntime:
             if not self._is_paused() and not self._broken:
                 await self.refill()
                 deliveries, events = self.queue.take(limit, now_us(), lease_us, consumer)
+                if self.queue.body_wanted:
+                    self._fetch_bodies()
                 if deliveries:
                     await self._write(events)
                     return deliveries
@@ -267,8 +262,40 @@ class ChannelRuntime:
             self.queue.promote(now_us())
         await self.follow_ledger()
         await self.poll()
+        if self.queue.body_wanted:
+            self._fetch_bodies()
         if self.queue.has_ready() and self.waiting:
             await self.wake()
+
+    def _fetch_bodies(self) -> None:
+        """Load, in the background, the bodies ``take`` found missing (leases that ended
+        after a restart, before the reader reached their rows); wake the waiting SUBs."""
+        if self._fetching or self._broken:
+            return
+        self._fetching = True
+        wanted = list(self.queue.body_wanted)
+        paths = list(self._reader.paths)
+
+        async def fetch() -> None:
+            try:
+                table = await asyncio.to_thread(ChannelReader.read_ids, paths, wanted)
+                if not self._broken:
+                    self.queue.attach_bodies(
+                        table["id"].to_pylist(),
+                        table["body"].to_pylist(),
+                        table["published_at"].cast(pa.int64()).to_pylist(),
+                    )
+                    await self.wake()
+                # Rows not found are not asked for again until a SUB passes over them anew.
+                self.queue.body_wanted.difference_update(wanted)
+            except Exception:
+                log.exception(
+                    "%s/%s: could not read %d bodies", self.topic, self.channel, len(wanted)
+                )
+            finally:
+                self._fetching = False
+
+        asyncio.get_running_loop().create_task(fetch())
 
     async def follow_ledger(self) -> None:
         """Apply what the sweep appended to the ledger (TIMEOUTs of leases that ended)."""
@@ -311,11 +338,18 @@ class ChannelRuntime:
         if self._load_lock.locked():
             return
         added = 0
+        rows_read = 0
         async with self._load_lock:
-            while self.queue.ready_count * 2 < self._mem_queue_size:
+            # Bounded per call: rows of messages already leased (after a restart) do not fill
+            # the window, and reading them all here would hold up the first SUB.
+            while (
+                self.queue.ready_count * 2 < self._mem_queue_size
+                and rows_read < 2 * self._mem_queue_size
+            ):
                 table = await asyncio.to_thread(self._reader.read, self._mem_queue_size // 2)
                 if table is None:
                     break
+                rows_read += table.num_rows
                 fresh = _add(self.queue, table, now_us())
                 added += fresh
                 self._known_unread = max(0, self._known_unread - (table.num_rows - fresh))

@@ -16,7 +16,12 @@ from collections.abc import Iterable, Iterator
 import pyarrow as pa
 
 from queue_engine.lease import RANK, EventKind, LeaseEvent, MessageState, apply, initial
-from queue_engine.store.state import STATE_SCHEMA, columns_as_lists, state_from_values
+from queue_engine.store.state import (
+    STATE_FIELDS,
+    STATE_SCHEMA,
+    columns_as_lists,
+    state_from_values,
+)
 
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -65,18 +70,6 @@ FINISHED = "finished"
 
 EVENT_RANKS = {kind.value: rank for kind, rank in RANK.items()}
 _KINDS = {kind.value: kind for kind in EventKind}
-_STATE_COLUMNS = [
-    "attempts",
-    "lease",
-    "lease_owner",
-    "delivered_at",
-    "lease_expires_at",
-    "lease_duration_us",
-    "deliver_at",
-    "timed_out",
-    "requeues",
-    "timeouts",
-]
 _EVENT_COLUMNS = [
     "event",
     "e_attempt",
@@ -172,7 +165,7 @@ def fold_sorted(
         ids, srcs, statuses, published_col, topic_col = columns_as_lists(
             batch, ["id", "src", "status", "published_at", "topic_version"]
         )
-        fields = columns_as_lists(batch, _STATE_COLUMNS)
+        fields = columns_as_lists(batch, STATE_FIELDS)
         events = columns_as_lists(batch, _EVENT_COLUMNS)
         for i, message_id in enumerate(ids):
             if message_id != current:

@@ -46,6 +46,8 @@ class ChannelReader:
         self._batches: Iterator[pa.RecordBatch] | None = None
         self._current: _File | None = None
         self._snapshot_files_left = 0
+        # Every file queued so far (read or not): where a body is looked up by id.
+        self.paths: list[str] = []
 
     def snapshot(self, skip_below_topic_version: int = -1) -> list[str]:
         """Start from the table's current files; return the paths it will read (empty: no
@@ -74,6 +76,7 @@ class ChannelReader:
             self.unread_rows += int(count or 0)
             kept.append(path)
         self._snapshot_files_left = len(kept)
+        self.paths.extend(kept)
         return kept
 
     def poll(self) -> int:
@@ -88,6 +91,7 @@ class ChannelReader:
                 fs, local = filesystem(added.path)
                 count = pq.ParquetFile(fs.open_input_file(local)).metadata.num_rows
             self._pending.append(_File(added.path, count, from_snapshot=False))
+            self.paths.append(added.path)
             rows += count
         self.version = latest
         self.message_count += rows

@@ -41,6 +41,27 @@ def state_rows(wh: Warehouse, topic: str, name: str) -> pa.Table:
     return table.append_column("swept_timeout", pa.array([False] * table.num_rows))
 
 
+def ledger_rows(
+    ids: pa.ChunkedArray, event: str, attempts: pa.ChunkedArray, at: int, leases: object = None
+) -> pa.Table:
+    """Ledger rows of one kind, as the API or a sweep would append them (at, at+1, ...)."""
+    n = len(ids)
+    ts = pa.timestamp("us", tz="UTC")
+    return pa.Table.from_pydict(
+        {
+            "id": ids,
+            "event": [event] * n,
+            "attempt": attempts,
+            "lease": leases if leases is not None else pa.nulls(n, pa.string()),
+            "lease_expires_at": pa.nulls(n, ts),
+            "deliver_at": pa.nulls(n, ts),
+            "consumer": pa.nulls(n, pa.string()),
+            "at": pa.array([at + i for i in range(n)]).cast(ts),
+        },
+        schema=LEDGER_SCHEMA,
+    )
+
+
 def status_counts(state: pa.Table) -> dict[str, int]:
     return dict(Counter(state["status"].to_pylist()))
 
@@ -96,19 +117,7 @@ def test_sweep_is_incremental_and_skips_unchanged_channels(
     state = DeltaTable(wh.channel_state_path("t", "c")).to_pyarrow_table()
     in_flight = state.filter(pc.equal(state["status"], "in_flight")).slice(0, 5)
     now = time.time_ns() // 1000
-    fins = pa.Table.from_pydict(
-        {
-            "id": in_flight["id"],
-            "event": ["FIN"] * 5,
-            "attempt": pa.array([1] * 5, pa.int32()),
-            "lease": in_flight["lease"],
-            "lease_expires_at": pa.nulls(5, pa.timestamp("us", tz="UTC")),
-            "deliver_at": pa.nulls(5, pa.timestamp("us", tz="UTC")),
-            "consumer": pa.nulls(5, pa.string()),
-            "at": pa.array([now + i for i in range(5)]).cast(pa.timestamp("us", tz="UTC")),
-        },
-        schema=LEDGER_SCHEMA,
-    )
+    fins = ledger_rows(in_flight["id"], "FIN", in_flight["attempts"], now, in_flight["lease"])
     write_deltalake(wh.channel_ledger_path("t", "c"), fins, mode="append")
     write_messages(wh, "t", "c", 10, first_id=1000, rows_per_commit=10, topic_version=4)
     second = sweep(spark, wh)
@@ -164,19 +173,7 @@ def test_a_sweep_that_died_between_its_two_commits_is_completed_by_the_next(
     now = time.time_ns() // 1000
     expired = ledger.filter(pc.less(ledger["lease_expires_at"].cast(pa.int64()), now))
     n = expired.num_rows
-    orphan = pa.Table.from_pydict(
-        {
-            "id": expired["id"],
-            "event": ["TIMEOUT"] * n,
-            "attempt": expired["attempt"],
-            "lease": pa.nulls(n, pa.string()),
-            "lease_expires_at": pa.nulls(n, pa.timestamp("us", tz="UTC")),
-            "deliver_at": pa.nulls(n, pa.timestamp("us", tz="UTC")),
-            "consumer": pa.nulls(n, pa.string()),
-            "at": pa.array([now] * n).cast(pa.timestamp("us", tz="UTC")),
-        },
-        schema=LEDGER_SCHEMA,
-    )
+    orphan = ledger_rows(expired["id"], "TIMEOUT", expired["attempt"], now)
     write_deltalake(wh.channel_ledger_path("t", "c"), orphan, mode="append")
     report = sweep(spark, wh)
     assert report.timeouts == 0  # already timed out by the orphaned commit
