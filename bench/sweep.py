@@ -65,7 +65,7 @@ def restart_to_ready(root: Path, *, without_state: bool) -> tuple[float, float]:
     finally:
         stop(proc)
         if hidden.exists():
-            shutil.rmtree(state)
+            shutil.rmtree(state, ignore_errors=True)
             hidden.rename(state)
 
 
@@ -112,12 +112,12 @@ def main() -> int:
         ready, rss = restart_to_ready(tmp / "wh", without_state=False)
         print(
             f"API restart to first delivery, from state + ledger tail: {ready:.1f} s, "
-            f"peak RSS {rss:.0f} MB"
+            f"RSS {rss:.0f} MB"
         )
         ready, rss = restart_to_ready(tmp / "wh", without_state=True)
         print(
             f"API restart to first delivery, folding the whole ledger: {ready:.1f} s, "
-            f"peak RSS {rss:.0f} MB"
+            f"RSS {rss:.0f} MB"
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
