@@ -11,25 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
-from pyspark.sql import SparkSession
 
-from queue_engine.spark.fanout_stream import start_fanout
-from queue_engine.store.tables import Warehouse
 from tests.conftest import Server
 from tests.consumers import answer, body, channel_stats, create_channel, sub
-
-
-@pytest.fixture(scope="module")
-def warehouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("consume") / "wh"
-
-
-@pytest.fixture(scope="module")
-def fanout(spark: SparkSession, warehouse: Path) -> Iterator[None]:
-    """The fanout query, running for the whole module (the servers come and go)."""
-    query = start_fanout(spark, Warehouse(str(warehouse)), once=False)
-    yield
-    query.stop()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,25 @@
+"""Fixtures for modules that run consumers against the fanout stream."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from queue_engine.spark.fanout_stream import start_fanout
+from queue_engine.store.tables import Warehouse
+
+
+@pytest.fixture(scope="module")
+def warehouse(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1]) / "wh"
+
+
+@pytest.fixture(scope="module")
+def fanout(spark: SparkSession, warehouse: Path) -> Iterator[None]:
+    """The fanout query, running for the whole module (the servers come and go)."""
+    query = start_fanout(spark, Warehouse(str(warehouse)), once=False)
+    yield
+    query.stop()
