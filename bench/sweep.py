@@ -8,7 +8,7 @@ once, ``--expired`` of the leases ended a minute ago. Printed:
   the state), then a run with nothing new but the TIMEOUT commit (reads the state back);
 - for reference, the same fold in one Python process (queue_engine.state_fold.fold_tables);
 - API restart-to-ready (spawn -> first message handed out by /sub), from the sweep's state
-  and, for comparison, from the ledger alone (no state table), with the API's peak RSS.
+  and, for comparison, from the ledger alone (no state table), with the API's RSS then.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def build(root: Path, messages: int, expired: float) -> tuple[Warehouse, int]:
 
 
 def restart_to_ready(root: Path, *, without_state: bool) -> tuple[float, float]:
-    """Seconds from spawning the API to its first delivered message, and its peak RSS (MB)."""
+    """Seconds from spawning the API to its first delivered message, and its RSS (MB) by then
+    (sampled while waiting; the API's rebuild happens before it answers /ping)."""
     state = Path(root) / "channels" / "bench" / "c" / "state"
     hidden = state.with_name("state.hidden")
     if without_state and state.exists():
@@ -46,15 +47,15 @@ def restart_to_ready(root: Path, *, without_state: bool) -> tuple[float, float]:
     port = free_port()
     started = time.perf_counter()
     proc = api_process(root, port)
-    peak = 0.0
+    rss = 0.0
     try:
         while True:
-            peak = max(peak, psutil.Process(proc.pid).memory_info().rss / 2**20)
+            rss = max(rss, psutil.Process(proc.pid).memory_info().rss / 2**20)
             try:
                 url = f"http://{HOST}:{port}/sub?topic=bench&channel=c&wait_ms=0"
                 with urllib.request.urlopen(url, timeout=5) as r:
                     if b'"id"' in r.read():
-                        return time.perf_counter() - started, peak
+                        return time.perf_counter() - started, rss
             except OSError:
                 pass
             if proc.poll() is not None:

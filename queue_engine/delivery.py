@@ -302,6 +302,7 @@ class ChannelRuntime:
         if self._load_lock.locked() or self._writer is None or "://" in self.ledger_path:
             return
         base = self.ledger_path
+        seen = self._ledger_seen
         while os.path.exists(f"{base}/{commit_file(self._ledger_seen + 1)}"):
             version = self._ledger_seen + 1
             if not self._writer.is_own(version) and is_sweep_commit(base, version):
@@ -320,7 +321,8 @@ class ChannelRuntime:
                 if changed and self.waiting:
                     await self.wake()
             self._ledger_seen = version
-            self._writer.forget_own_through(version)
+        if self._ledger_seen != seen:
+            self._writer.forget_own_through(self._ledger_seen)
 
     async def poll(self) -> None:
         """Read the versions the fanout committed since the last poll."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 from hypothesis import strategies as st
@@ -106,8 +106,6 @@ _NOT_STATE = {"id", "status", "published_at", "topic_version", "ledger_version",
 
 
 def _finished(state: MessageState) -> MessageState:
-    from dataclasses import replace
-
     return replace(state, finished=True, in_flight=False, timed_out=False)
 
 

@@ -51,7 +51,7 @@ from queue_engine.registry import Registry
 from queue_engine.store.append_once import append_once
 from queue_engine.store.commit_log import AddedFile, added_files, latest_version
 from queue_engine.store.registry_store import RegistryReader
-from queue_engine.store.tables import TOPIC_SCHEMA, Warehouse, filesystem
+from queue_engine.store.tables import TOPIC_SCHEMA, Warehouse, filesystem, parquet_dataset
 
 # Each Python task costs ~30 ms to start: group files so a task has real work.
 DEFAULT_FILES_PER_PARTITION = 256
@@ -202,13 +202,7 @@ def _read_files(
     if not files:
         return
     paths = [path for path, _, _ in files]
-    fs, _ = filesystem(paths[0])
-    dataset = ds.dataset(
-        [filesystem(p)[1] for p in paths],
-        format="parquet",
-        filesystem=fs,
-        schema=TOPIC_SCHEMA if with_topic else schema,
-    )
+    dataset = parquet_dataset(paths, TOPIC_SCHEMA if with_topic else schema)
     if not with_topic:
         table = dataset.to_table()
     else:

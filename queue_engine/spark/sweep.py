@@ -21,8 +21,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
@@ -42,7 +43,6 @@ from queue_engine.store.commit_log import latest_version
 from queue_engine.store.maintenance import Maintenance
 from queue_engine.store.registry_store import RegistryReader
 from queue_engine.store.state import (
-    STATE_SCHEMA,
     SWEEP_WRITER,
     WRITER_KEY,
     StateMeta,
@@ -81,7 +81,6 @@ class SweepReport:
     timeouts: int = 0
     finished: int = 0
     seconds: float = 0.0
-    per_channel: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def now_us() -> int:
@@ -236,17 +235,23 @@ def sweep(
         return report
     parallelism = partitions or max(2, spark.sparkContext.defaultParallelism)
     frame = fold_frame(spark, plans, now, parallelism)
-    result = frame.toArrow() if frame is not None else _OUTPUT_ARROW_SCHEMA.empty_table()
-    result = result.cast(_OUTPUT_ARROW_SCHEMA) if result.num_rows else result
-    chans = result.column(CHANNEL_COLUMN) if result.num_rows else pa.array([], pa.int32())
+    collected = frame.toArrow() if frame is not None else None
+    result = (
+        collected.cast(_OUTPUT_ARROW_SCHEMA).sort_by(CHANNEL_COLUMN)
+        if collected is not None and collected.num_rows
+        else _OUTPUT_ARROW_SCHEMA.empty_table()
+    )
+    # Plans are numbered 0..n-1: each channel's rows are one slice of the sorted result.
+    bounds = np.searchsorted(
+        result[CHANNEL_COLUMN].to_numpy(), np.arange(len(plans) + 1), side="left"
+    )
     for p in plans:
-        rows = result.filter(pc.equal(chans, p.index)) if result.num_rows else result
-        live, timeouts, finished = _commit_channel(p, rows, now)
+        start, end = int(bounds[p.index]), int(bounds[p.index + 1])
+        live, timeouts, finished = _commit_channel(p, result.slice(start, end - start), now)
         report.channels_swept += 1
         report.live += live
         report.timeouts += timeouts
         report.finished += finished
-        report.per_channel[(p.topic, p.channel)] = live
     if maintenance is not None:
         for p in plans:
             for path in (p.messages_path, p.ledger_path, p.state_path):
@@ -271,7 +276,7 @@ def sweep(
 
 def _commit_channel(p: ChannelPlan, rows: pa.Table, now: int) -> tuple[int, int, int]:
     """Write one channel's TIMEOUTs, then its state. Returns (live, timeouts, finished)."""
-    timed_out = rows.filter(rows["swept_timeout"]) if rows.num_rows else rows
+    timed_out = rows.filter(rows["swept_timeout"])
     ledger_version = p.ledger_version
     if timed_out.num_rows:
         n = timed_out.num_rows
@@ -299,38 +304,32 @@ def _commit_channel(p: ChannelPlan, rows: pa.Table, now: int) -> tuple[int, int,
             # Nobody committed in between: the rows are exactly the fold of the ledger up to
             # the TIMEOUT commit, so the next sweep need not read it back.
             ledger_version = ledger.version()
-    status = rows["status"] if rows.num_rows else pa.array([], pa.string())
-    is_finished = pc.equal(status, FINISHED) if rows.num_rows else pa.array([], pa.bool_())
-    done = rows.filter(is_finished) if rows.num_rows else rows
-    live = rows.filter(pc.invert(is_finished)) if rows.num_rows else rows
+    is_finished = pc.equal(rows["status"], FINISHED)
+    done = rows.filter(is_finished)
+    live = rows.filter(pc.invert(is_finished))
     previous = p.meta
     meta = StateMeta(
         ledger_version=ledger_version,
         messages_version=p.messages_version,
         topic_version=max(_max_topic_version(p), previous.topic_version if previous else -1),
         finished_requeues=(previous.finished_requeues if previous else 0)
-        + int(pc.sum(done["requeues"]).as_py() or 0 if done.num_rows else 0),
+        + int(pc.sum(done["requeues"]).as_py() or 0),
         finished_timeouts=(previous.finished_timeouts if previous else 0)
-        + int(pc.sum(done["timeouts"]).as_py() or 0 if done.num_rows else 0),
+        + int(pc.sum(done["timeouts"]).as_py() or 0),
         next_due_us=_next_due(live),
         swept_at_us=now,
     )
-    state = live.select(STATE_SCHEMA.names) if live.num_rows else STATE_SCHEMA.empty_table()
-    write_state(p.state_path, state, meta)
+    write_state(p.state_path, live, meta)
     return live.num_rows, timed_out.num_rows, done.num_rows
 
 
 def _next_due(live: pa.Table) -> int | None:
-    if not live.num_rows:
-        return None
-    candidates = []
-    for column in ("lease_expires_at", "deliver_at"):
-        status = "in_flight" if column == "lease_expires_at" else "deferred"
-        picked = live.filter(pc.equal(live["status"], status))[column]
-        value = pc.min(picked.cast(pa.int64())).as_py() if len(picked) else None
-        if value is not None:
-            candidates.append(int(value))
-    return min(candidates) if candidates else None
+    """The earliest lease expiry or deferral end among the live rows."""
+    ends = [
+        pc.min(live.filter(pc.equal(live["status"], status))[column].cast(pa.int64())).as_py()
+        for status, column in (("in_flight", "lease_expires_at"), ("deferred", "deliver_at"))
+    ]
+    return min((int(end) for end in ends if end is not None), default=None)
 
 
 def _max_topic_version(p: ChannelPlan) -> int:

@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 
 from queue_engine.registry import Registry
 from queue_engine.store.registry_store import events_from_table
-from queue_engine.store.state import STATE_SCHEMA, StateMeta, read_meta
+from queue_engine.store.state import STATE_SCHEMA, StateMeta, meta_of
 from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, LEDGER_SCHEMA, Warehouse
 
 log = logging.getLogger(__name__)
@@ -152,9 +152,7 @@ def register_views(
     metas: list[tuple[str, str, StateMeta]] = []
     for topic, channel in channels:
         dt = _table(wh.channel_state_path(topic, channel), when)
-        meta = read_meta(wh.channel_state_path(topic, channel)) if dt is not None else None
-        if meta is not None and dt is not None and meta.state_version > dt.version():
-            meta = _meta_at(dt)
+        meta = meta_of(dt) if dt is not None else None
         if meta is not None:
             metas.append((topic, channel, meta))
     spark.createDataFrame(
@@ -164,17 +162,6 @@ def register_views(
     ).createOrReplaceTempView("_deltaq_sweeps")
     spark.sql(_QUEUE_STATS).createOrReplaceTempView("queue_stats")
     return list(VIEWS)
-
-
-def _meta_at(dt: DeltaTable) -> StateMeta | None:
-    """The sweep meta of the state table as loaded (time travel)."""
-    for entry in dt.history(50):
-        if int(entry.get("version", -1)) > dt.version():
-            continue
-        meta = StateMeta.from_commit_info(entry, int(entry.get("version", -1)))
-        if meta is not None:
-            return meta
-    return None
 
 
 def _ts(us: int) -> datetime:

@@ -15,12 +15,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from queue_engine.store.commit_log import absolute_path, added_files, commit_file, latest_version
-from queue_engine.store.tables import filesystem
+from queue_engine.store.tables import filesystem, parquet_dataset
 
 COLUMNS = ["id", "body", "published_at", "deliver_at", "topic_version"]
 
@@ -153,9 +152,7 @@ class ChannelReader:
         """Rows of ``paths`` above ``above_topic_version`` whose id is not in ``known``."""
         if not paths:
             return 0
-        fs, _ = filesystem(paths[0])
-        dataset = ds.dataset([filesystem(p)[1] for p in paths], format="parquet", filesystem=fs)
-        ids = dataset.to_table(
+        ids = parquet_dataset(paths).to_table(
             columns=["id"], filter=pc.field("topic_version") > above_topic_version
         )["id"]
         if not known:
@@ -167,7 +164,4 @@ class ChannelReader:
         """The rows of ``ids`` among ``paths`` (the bodies of messages the ledger knows)."""
         if not paths or not ids:
             return pa.table({c: [] for c in COLUMNS})
-        fs, _ = filesystem(paths[0])
-        local = [filesystem(p)[1] for p in paths]
-        dataset = ds.dataset(local, format="parquet", filesystem=fs)
-        return dataset.to_table(columns=COLUMNS, filter=pc.field("id").isin(ids))
+        return parquet_dataset(paths).to_table(columns=COLUMNS, filter=pc.field("id").isin(ids))

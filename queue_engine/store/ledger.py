@@ -7,14 +7,13 @@ import os
 import threading
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
 from queue_engine.lease import EventKind, LeaseEvent
 from queue_engine.store.commit_log import added_files, commit_file, latest_version
 from queue_engine.store.group_commit import GroupCommitter, Notify
 from queue_engine.store.state import SWEEP_WRITER, WRITER_KEY
-from queue_engine.store.tables import LEDGER_SCHEMA, filesystem, open_or_create
+from queue_engine.store.tables import LEDGER_SCHEMA, filesystem, open_or_create, parquet_dataset
 
 _TS = pa.timestamp("us", tz="UTC")
 # Rough bytes per event, for the commit size cap.
@@ -91,11 +90,7 @@ def read_versions(path: str, after: int, upto: int) -> list[LeaseEvent]:
     files = [f.path for f in added_files(path, after, upto)] if upto > after else []
     if not files:
         return []
-    fs, _ = filesystem(files[0])
-    dataset = ds.dataset(
-        [filesystem(f)[1] for f in files], format="parquet", filesystem=fs, schema=LEDGER_SCHEMA
-    )
-    return events_from_arrow(dataset.to_table())
+    return events_from_arrow(parquet_dataset(files, LEDGER_SCHEMA).to_table())
 
 
 def is_sweep_commit(path: str, version: int) -> bool:

@@ -43,7 +43,7 @@ STATE_SCHEMA = pa.schema(
     ]
 )
 
-# Columns that come from MessageState, in ``state_from_values``/``state_values`` order.
+# Columns that come from MessageState, in ``state_from_values`` order.
 STATE_FIELDS = [
     "attempts",
     "lease",
@@ -118,14 +118,23 @@ class StateMeta:
 
 
 def read_meta(path: str) -> StateMeta | None:
-    """The newest sweep commit's meta (None: never swept). Other commits (none expected) are
-    skipped, so a later maintenance commit cannot hide it."""
+    """The newest sweep commit's meta (None: never swept)."""
     try:
         dt = DeltaTable(path)
     except Exception:
         return None
-    for entry in dt.history(20):
-        meta = StateMeta.from_commit_info(entry, int(entry.get("version", dt.version())))
+    return meta_of(dt)
+
+
+def meta_of(dt: DeltaTable) -> StateMeta | None:
+    """The meta of the newest sweep commit at or before the version ``dt`` has loaded (time
+    travel included). Other commits (upkeep) are skipped, so they cannot hide it."""
+    loaded = dt.version()
+    for entry in dt.history(50):
+        version = int(entry.get("version", loaded))
+        if version > loaded:
+            continue
+        meta = StateMeta.from_commit_info(entry, version)
         if meta is not None:
             return meta
     return None
@@ -185,22 +194,6 @@ def state_from_values(values: Sequence[Any], status: str) -> MessageState:
     )
 
 
-def state_values(state: MessageState) -> tuple[object, ...]:
-    """The inverse of ``state_from_values`` (without status), in ``STATE_FIELDS`` order."""
-    return (
-        state.attempts,
-        state.lease,
-        state.lease_owner,
-        state.delivered_at_us,
-        state.lease_expires_at_us,
-        state.lease_duration_us,
-        state.deliver_at_us,
-        state.timed_out,
-        state.requeues,
-        state.timeouts,
-    )
-
-
 def columns_as_lists(table: pa.Table | pa.RecordBatch, names: list[str]) -> list[list[object]]:
     """Columns as Python lists, timestamps as µs since the epoch."""
     out: list[list[object]] = []
@@ -226,53 +219,8 @@ def load_states(table: pa.Table) -> tuple[dict[str, MessageState], set[str], int
     lowest = pc.min(table["topic_version"]).as_py()
     rest = table.filter(pc.invert(fresh))
     ids, status, *fields = columns_as_lists(rest, ["id", "status", *STATE_FIELDS])
-    in_flight = Status.IN_FLIGHT.value
-    rows = zip(ids, status, *fields, strict=True)
     states = {
-        str(row[0]): MessageState(
-            attempts=row[2],
-            in_flight=row[1] == in_flight,
-            lease=row[3],
-            lease_owner=row[4],
-            delivered_at_us=row[5],
-            lease_expires_at_us=row[6],
-            lease_duration_us=row[7] or 0,
-            deliver_at_us=row[8],
-            timed_out=bool(row[9]),
-            requeues=row[10] or 0,
-            timeouts=row[11] or 0,
-        )
-        for row in rows
+        str(row[0]): state_from_values(row[2:], str(row[1]))
+        for row in zip(ids, status, *fields, strict=True)
     }
     return states, unstarted, None if lowest is None else int(lowest)
-
-
-def state_rows(
-    ids: list[str],
-    states: list[MessageState],
-    published_at: list[int | None],
-    topic_versions: list[int | None],
-    now_us: int,
-    ledger_version: int,
-) -> pa.Table:
-    """State rows for (id, state) pairs as of ``now_us``."""
-    columns = list(zip(*(state_values(s) for s in states), strict=True)) if states else []
-    by_name: dict[str, object] = {
-        name: list(values) for name, values in zip(STATE_FIELDS, columns, strict=True)
-    }
-    if not states:
-        by_name = {name: [] for name in STATE_FIELDS}
-    by_name["id"] = ids
-    by_name["status"] = [s.status(now_us).value for s in states]
-    by_name["published_at"] = published_at
-    by_name["topic_version"] = topic_versions
-    by_name["ledger_version"] = [ledger_version] * len(ids)
-    by_name["swept_at"] = [now_us] * len(ids)
-    arrays = []
-    for field in STATE_SCHEMA:
-        values = by_name[field.name]
-        if pa.types.is_timestamp(field.type):
-            arrays.append(pa.array(values, pa.int64()).cast(field.type))
-        else:
-            arrays.append(pa.array(values, field.type))
-    return pa.Table.from_arrays(arrays, schema=STATE_SCHEMA)

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
@@ -125,6 +126,14 @@ def open_or_create(path: str, schema: pa.Schema) -> DeltaTable:
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     fs, path = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
     return fs, str(path)
+
+
+def parquet_dataset(paths: list[str], schema: pa.Schema | None = None) -> ds.Dataset:
+    """One pyarrow dataset over data files of one table (one scan reads them in parallel)."""
+    fs, _ = filesystem(paths[0])
+    return ds.dataset(
+        [filesystem(p)[1] for p in paths], format="parquet", filesystem=fs, schema=schema
+    )
 
 
 def delete_tree(uri: str) -> None:

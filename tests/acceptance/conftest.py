@@ -1,15 +1,18 @@
-"""Fixtures for modules that run consumers against the fanout stream."""
+"""Fixtures for modules that run consumers against the fanout stream (each module defines its
+own ``server`` fixture, with the settings it needs)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from pyspark.sql import SparkSession
 
 from queue_engine.spark.fanout_stream import start_fanout
 from queue_engine.store.tables import Warehouse
+from tests.conftest import Server
 
 
 @pytest.fixture(scope="module")
@@ -23,3 +26,10 @@ def fanout(spark: SparkSession, warehouse: Path) -> Iterator[None]:
     query = start_fanout(spark, Warehouse(str(warehouse)), once=False)
     yield
     query.stop()
+
+
+@pytest.fixture
+def http(server: Server) -> Iterator[httpx.Client]:
+    """A client of the module's server."""
+    with httpx.Client(base_url=server.url, timeout=70) as c:
+        yield c

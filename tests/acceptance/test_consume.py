@@ -23,12 +23,6 @@ def server(warehouse: Path, fanout: None) -> Iterator[Server]:
     s.stop()
 
 
-@pytest.fixture
-def http(server: Server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=70) as c:
-        yield c
-
-
 def test_sub_creates_topic_and_channel_and_long_polls_until_a_publish(
     http: httpx.Client, server: Server
 ) -> None:

@@ -30,12 +30,6 @@ def server(warehouse: Path, fanout: None) -> Iterator[Server]:
     s.stop()
 
 
-@pytest.fixture
-def http(server: Server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=70) as c:
-        yield c
-
-
 def publish(c: httpx.Client, topic: str, *bodies: bytes, **params: Any) -> None:
     for b in bodies:
         assert c.post("/pub", params={"topic": topic, **params}, content=b).text == "OK"

@@ -9,6 +9,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,6 +21,7 @@ from pyspark.sql import SparkSession
 
 from bench.synthetic import register, write_deliveries, write_messages
 from queue_engine.spark.sweep import plan, sweep
+from queue_engine.spark.views import register_views
 from queue_engine.state_fold import FINISHED
 from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
 from queue_engine.store.state import read_meta
@@ -209,3 +211,27 @@ def test_the_sweep_compacts_small_files_without_changing_what_is_read(
     assert (again.live, again.timeouts) == (report.live, 0) == (60, 0)
     state = DeltaTable(wh.channel_state_path("t", "c")).to_pyarrow_table()
     assert status_counts(state) == {"ready": 33, "in_flight": 27}
+
+
+def test_views_time_travel_to_an_earlier_sweep(spark: SparkSession, tmp_path: Path) -> None:
+    wh = Warehouse(str(tmp_path / "wh"))
+    register(wh, "t", "c")
+    ids = write_messages(wh, "t", "c", 20, rows_per_commit=10)
+    write_deliveries(wh, "t", "c", ids[:8], expired_fraction=0.5, rows_per_commit=10)
+    sweep(spark, wh)
+    # Delta commit timestamps are wall-clock milliseconds: step past this one.
+    time.sleep(0.05)
+    between = datetime.now(UTC)
+    time.sleep(0.05)
+    write_messages(wh, "t", "c", 5, first_id=100, rows_per_commit=5, topic_version=2)
+    sweep(spark, wh)
+
+    def stats(as_of: datetime | None) -> tuple[int, int, int, int]:
+        register_views(spark, wh, as_of=as_of)
+        [row] = spark.sql("SELECT * FROM queue_stats").collect()
+        [n] = spark.sql("SELECT count(*) AS n FROM messages").collect()
+        return row.depth, row.in_flight, row.timeouts, n.n
+
+    # Then: 12 never delivered + 4 timed out ready, 4 in flight, 20 rows.
+    assert stats(between) == (16, 4, 4, 20)
+    assert stats(None) == (21, 4, 4, 25)
