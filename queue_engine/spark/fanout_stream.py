@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from queue_engine.fanout import route
+from queue_engine.registry import ChannelInfo, Registry
 from queue_engine.store.append_once import IdempotentAppender
 from queue_engine.store.registry_store import RegistryReader
 from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, Warehouse, open_or_create
@@ -25,24 +27,50 @@ FANOUT_APP_ID = "deltaq-fanout"
 
 
 class ChannelSinks:
-    """One idempotent appender per channel table, kept across micro-batches."""
+    """One idempotent appender per channel table, kept across micro-batches.
+
+    Keyed by the channel's creation time too: a channel deleted and created again has a new,
+    empty table, which an appender of the old one (its next version number) must never touch.
+    """
 
     def __init__(self, warehouse: Warehouse) -> None:
         self.warehouse = warehouse
-        self._sinks: dict[str, IdempotentAppender] = {}
+        self._sinks: dict[tuple[str, int], IdempotentAppender] = {}
+        # Checkpoints off the micro-batch's path (one replays up to 100 commits).
+        self._upkeep = ThreadPoolExecutor(1, thread_name_prefix="deltaq-fanout-checkpoint")
 
-    def append(self, topic: str, channel: str, rows: pa.Table, batch_id: int) -> bool:
-        path = self.warehouse.channel_messages_path(topic, channel)
-        sink = self._sinks.get(path)
+    def append(self, topic: str, channel: ChannelInfo, rows: pa.Table, batch_id: int) -> bool:
+        key = self._key(topic, channel)
+        sink = self._sinks.get(key)
         if sink is None:
-            open_or_create(path, CHANNEL_MESSAGES_SCHEMA)
-            sink = self._sinks[path] = IdempotentAppender(path)
+            open_or_create(key[0], CHANNEL_MESSAGES_SCHEMA)
+            sink = self._sinks[key] = IdempotentAppender(
+                key[0], FANOUT_APP_ID, schedule_checkpoint=self._upkeep.submit
+            )
         try:
-            return sink.append(rows.cast(CHANNEL_MESSAGES_SCHEMA), FANOUT_APP_ID, batch_id)
+            return sink.append(rows.cast(CHANNEL_MESSAGES_SCHEMA), batch_id)
         except Exception:
-            # A deleted and re-created channel, or a storage error: start from a fresh handle.
-            del self._sinks[path]
+            # A storage error: the next attempt starts from a freshly read table.
+            del self._sinks[key]
+            sink.close()
             raise
+
+    def _key(self, topic: str, channel: ChannelInfo) -> tuple[str, int]:
+        return (self.warehouse.channel_messages_path(topic, channel.name), channel.created_at_us)
+
+    def retain(self, registry: Registry) -> None:
+        """Close the appenders of channels the registry no longer has."""
+        live = {
+            self._key(t, c) for t, info in registry.topics.items() for c in info.channels.values()
+        }
+        for key in [k for k in self._sinks if k not in live]:
+            self._sinks.pop(key).close()
+
+    def close(self) -> None:
+        for sink in self._sinks.values():
+            sink.close()
+        self._sinks.clear()
+        self._upkeep.shutdown(wait=True)
 
 
 def fanout_batch(
@@ -55,9 +83,10 @@ def fanout_batch(
     if rows.num_rows == 0:
         return 0
     registry = registry_reader.get()
+    sinks.retain(registry)
     written = 0
     for (topic, channel), selected in route(rows, registry).items():
-        if sinks.append(topic, channel, selected, batch_id):
+        if sinks.append(topic, registry.topics[topic].channels[channel], selected, batch_id):
             written += selected.num_rows
     log.info(
         "fanout batch %d: %d rows in, %d channel rows out (read %.0f ms, write %.0f ms)",

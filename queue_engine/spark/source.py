@@ -49,7 +49,12 @@ from pyspark.sql.types import StructType
 
 from queue_engine.registry import Registry
 from queue_engine.store.append_once import append_once
-from queue_engine.store.commit_log import AddedFile, added_files, latest_version
+from queue_engine.store.commit_log import (
+    AddedFile,
+    AddedFilesCache,
+    added_files,
+    latest_version,
+)
 from queue_engine.store.registry_store import RegistryReader
 from queue_engine.store.tables import TOPIC_SCHEMA, Warehouse, filesystem, parquet_dataset
 
@@ -286,6 +291,7 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target: dict[str, list[int]] | None = None
         self._registry_reader = RegistryReader(self.warehouse.registry_path)
         self._known: dict[str, int] = {}
+        self._log = AddedFilesCache()
 
     def _registry(self) -> Registry:
         return self._registry_reader.get()
@@ -338,7 +344,7 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         least one version, so a single large commit still moves), and those rows."""
         total = 0
         for version in range(begin + 1, latest + 1):
-            rows = sum(f.num_records or 0 for f in added_files(path, version - 1, version))
+            rows = sum(f.num_records or 0 for f in self._log.added(path, version - 1, version))
             if total + rows > rows_left and version > begin + 1:
                 return version - 1, total
             total += rows
@@ -354,7 +360,7 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             begin_version = begin[1] if begin is not None and begin[0] == seq else -1
             if version <= begin_version:
                 continue
-            added = added_files(self.warehouse.topic_path(name), begin_version, version)
+            added = self._log.added(self.warehouse.topic_path(name), begin_version, version)
             files.extend(added)
             owners.extend([name] * len(added))
         return _groups(
@@ -366,7 +372,12 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         yield from _read_files(_files(partition), TOPICS_STREAM_SCHEMA, with_topic=True)
 
     def commit(self, end: dict[str, list[int]]) -> None:
-        return None
+        paths = set()
+        for name, (_, version) in end.items():
+            path = self.warehouse.topic_path(name)
+            paths.add(path)
+            self._log.forget_through(path, version)
+        self._log.forget_all_but(paths)
 
 
 # -- writing -------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
-from deltalake.transaction import PostCommitHookProperties
+from deltalake.transaction import CommitProperties, PostCommitHookProperties, Transaction
 
 from queue_engine import __version__
 from queue_engine.store.spare_files import SpareFiles
@@ -35,12 +35,14 @@ _NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_lo
 _ATTEMPTS = 4
 _MAX_LINK_RACES = 1000
 # String statistics are exact only up to Delta's 32-character truncation; ids are 16.
-_STAT_COLUMNS = ("id",)
+# topic_version (channel tables): the restart skips files by its bounds.
+_STAT_COLUMNS = ("id", "topic_version")
 
 
 class Appender(Protocol):
-    def append(self, table: pa.Table) -> int:
-        """Commit ``table`` as one new version; return that version."""
+    def append(self, table: pa.Table, txn: Transaction | None = None) -> int:
+        """Commit ``table`` as one new version, recording the app transaction ``txn`` in the
+        same commit when given; return that version."""
 
     def reopen(self) -> None:
         """Start from a fresh view of the table (after a checkpoint or an error)."""
@@ -62,11 +64,16 @@ class DeltaRsAppender:
     def close(self) -> None:
         pass
 
-    def append(self, table: pa.Table) -> int:
+    def append(self, table: pa.Table, txn: Transaction | None = None) -> int:
+        props = CommitProperties(app_transactions=[txn]) if txn is not None else None
         for attempt in range(1, _ATTEMPTS + 1):
             try:
                 write_deltalake(
-                    self._dt, table, mode="append", post_commithook_properties=_NO_HOOKS
+                    self._dt,
+                    table,
+                    mode="append",
+                    commit_properties=props,
+                    post_commithook_properties=_NO_HOOKS,
                 )
                 return int(self._dt.version())
             except CommitFailedError:
@@ -94,7 +101,7 @@ class LocalAppender:
     def close(self) -> None:
         self._spares.close()
 
-    def append(self, table: pa.Table) -> int:
+    def append(self, table: pa.Table, txn: Transaction | None = None) -> int:
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         file_path = os.path.join(self.path, name)
         buffer = pa.BufferOutputStream()
@@ -121,12 +128,12 @@ class LocalAppender:
             "operationMetrics": {"numFiles": "1", "numOutputRows": str(table.num_rows)},
             "engineInfo": f"deltaq/{__version__}",
         }
-        entry = (
-            json.dumps({"commitInfo": info}, separators=(",", ":"))
-            + "\n"
-            + json.dumps({"add": add}, separators=(",", ":"))
-            + "\n"
-        ).encode()
+        actions: list[dict[str, object]] = [{"commitInfo": info}, {"add": add}]
+        if txn is not None:
+            actions.append(
+                {"txn": {"appId": txn.app_id, "version": txn.version, "lastUpdated": now_ms}}
+            )
+        entry = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
         staging = self._spares.take()
         _write_empty_file(staging, entry)
         try:

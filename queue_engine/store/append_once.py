@@ -2,46 +2,82 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
-from deltalake.transaction import CommitProperties, Transaction
+from deltalake import DeltaTable
+from deltalake.transaction import Transaction
+
+from queue_engine.store.append import appender_for
+
+log = logging.getLogger(__name__)
 
 
 class IdempotentAppender:
-    """``append_once`` for one table with a long-lived handle, checkpointing as it goes.
+    """Appends to one table, each commit recording ``(app_id, batch id)`` as Delta's app
+    transaction; a batch id at or below the recorded one is skipped.
 
-    The fanout is the only writer of a channel table, so a handle it keeps stays current after
-    its own commits; reopening per batch would replay the log each time. Every
-    ``checkpoint_interval`` commits it writes a checkpoint and reopens from it, which keeps both
-    this handle and every reader's open time short.
+    The recorded id is read once, at open: this appender must be the table's only writer of
+    ``app_id`` (the fanout is, for channel tables), so its own commits keep it current, and
+    after any error the caller opens a new one. Appends take the fast local path when the table
+    allows it (~2 ms against 5-12 ms through delta-rs: a micro-batch waits for every channel's
+    commit). Every ``checkpoint_interval`` versions ``schedule_checkpoint`` gets the job of
+    writing a checkpoint, so readers' open time stays short; without it the checkpoint is
+    written inline.
     """
 
-    def __init__(self, path: str, checkpoint_interval: int = 100) -> None:
+    def __init__(
+        self,
+        path: str,
+        app_id: str,
+        checkpoint_interval: int = 100,
+        schedule_checkpoint: Callable[[Callable[[], None]], object] | None = None,
+    ) -> None:
         self.path = path
+        self.app_id = app_id
         self.checkpoint_interval = checkpoint_interval
-        self._dt = DeltaTable(path)
+        self._schedule = schedule_checkpoint
+        dt = DeltaTable(path)
+        self._schema = pa.schema(dt.schema().to_arrow())
+        recorded = dt.transaction_version(app_id)
+        self._done = -1 if recorded is None else int(recorded)
+        self._appender = appender_for(path)
 
     def schema(self) -> pa.Schema:
-        return pa.schema(self._dt.schema().to_arrow())
+        return self._schema
 
-    def append(self, table: pa.Table, app_id: str, batch_id: int) -> bool:
-        """Append unless ``(app_id, batch_id)`` is recorded; check and write go through the same
-        handle (delta-rs does not refuse a repeated transaction version itself)."""
-        done = self._dt.transaction_version(app_id)
-        if done is not None and done >= batch_id:
+    def append(self, table: pa.Table, batch_id: int) -> bool:
+        """Append unless ``batch_id`` is already recorded; True if written."""
+        if batch_id <= self._done:
             return False
-        props = CommitProperties(app_transactions=[Transaction(app_id, batch_id)])
-        write_deltalake(self._dt, table, mode="append", commit_properties=props)
-        if self._dt.version() % self.checkpoint_interval == 0:
-            self._dt.create_checkpoint()
-            self._dt = DeltaTable(self.path)
+        version = self._appender.append(table, Transaction(self.app_id, batch_id))
+        self._done = batch_id
+        if version % self.checkpoint_interval == 0:
+            if self._schedule is None:
+                self._checkpoint()
+            else:
+                self._schedule(self._checkpoint)
         return True
+
+    def close(self) -> None:
+        self._appender.close()
+
+    def _checkpoint(self) -> None:
+        try:
+            DeltaTable(self.path).create_checkpoint()
+        except Exception:
+            # A deleted channel, or a storage hiccup: the next interval tries again.
+            log.warning("checkpoint of %s failed", self.path, exc_info=True)
 
 
 def append_once(path: str, table: pa.Table | None, app_id: str, batch_id: int) -> bool:
     """Append ``table`` (None: an empty commit that only records the batch) unless
     ``(app_id, batch_id)`` is already recorded. True if written."""
-    appender = IdempotentAppender(path)
-    if table is None:
-        table = pa.Table.from_batches([], schema=pa.schema(appender.schema()))
-    return appender.append(table, app_id, batch_id)
+    appender = IdempotentAppender(path, app_id)
+    try:
+        if table is None:
+            table = pa.Table.from_batches([], schema=appender.schema())
+        return appender.append(table, batch_id)
+    finally:
+        appender.close()

@@ -56,31 +56,64 @@ def latest_version(root: str, known: int = -1) -> int:
 
 def added_files(root: str, start_exclusive: int, end_inclusive: int) -> list[AddedFile]:
     """Data files that versions ``(start_exclusive, end_inclusive]`` added with dataChange."""
-    fs, base = filesystem(root)
-    local = "://" not in root
     files: list[AddedFile] = []
     for version in range(start_exclusive + 1, end_inclusive + 1):
-        if local:
-            with open(f"{base}/{commit_file(version)}", "rb") as f:
-                text = f.read().decode()
-        else:
-            with fs.open_input_stream(f"{base}/{commit_file(version)}") as stream:
-                text = stream.read().decode()
-        for line in text.splitlines():
-            if not line.strip():
-                continue
-            action = json.loads(line)
-            add = action.get("add")
-            if add is None or not add.get("dataChange", True):
-                continue
-            stats = add.get("stats")
-            records = json.loads(stats).get("numRecords") if stats else None
-            files.append(
-                AddedFile(
-                    version, absolute_path(root, unquote(add["path"])), int(add["size"]), records
-                )
-            )
+        files.extend(version_added_files(root, version))
     return files
+
+
+def version_added_files(root: str, version: int) -> list[AddedFile]:
+    """Data files that one version added with dataChange."""
+    if "://" not in root:
+        with open(f"{os.path.abspath(root)}/{commit_file(version)}", "rb") as f:
+            text = f.read().decode()
+    else:
+        fs, base = filesystem(root)
+        with fs.open_input_stream(f"{base}/{commit_file(version)}") as stream:
+            text = stream.read().decode()
+    files: list[AddedFile] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        action = json.loads(line)
+        add = action.get("add")
+        if add is None or not add.get("dataChange", True):
+            continue
+        stats = add.get("stats")
+        records = json.loads(stats).get("numRecords") if stats else None
+        files.append(
+            AddedFile(version, absolute_path(root, unquote(add["path"])), int(add["size"]), records)
+        )
+    return files
+
+
+class AddedFilesCache:
+    """``added_files`` with each version parsed once: a stream reader reads the same commits
+    when it sizes a micro-batch and again when it plans it."""
+
+    def __init__(self) -> None:
+        self._versions: dict[str, dict[int, list[AddedFile]]] = {}
+
+    def added(self, root: str, start_exclusive: int, end_inclusive: int) -> list[AddedFile]:
+        known = self._versions.setdefault(root, {})
+        files: list[AddedFile] = []
+        for version in range(start_exclusive + 1, end_inclusive + 1):
+            added = known.get(version)
+            if added is None:
+                added = known[version] = version_added_files(root, version)
+            files.extend(added)
+        return files
+
+    def forget_through(self, root: str, version: int) -> None:
+        """Drop what versions <= ``version`` of ``root`` added (processed, never asked again)."""
+        known = self._versions.get(root)
+        if known:
+            for v in [v for v in known if v <= version]:
+                del known[v]
+
+    def forget_all_but(self, roots: set[str]) -> None:
+        for root in [r for r in self._versions if r not in roots]:
+            del self._versions[root]
 
 
 def absolute_path(root: str, relative: str) -> str:

@@ -188,6 +188,31 @@ def test_local_appender_output_has_exact_stats(tmp_path: Path) -> None:
     assert dataset.to_table(filter=ds.field("id") >= "0000000000000013").num_rows == 2
 
 
+def test_appenders_record_the_app_transaction_in_the_same_commit(tmp_path: Path) -> None:
+    from deltalake.transaction import Transaction
+
+    from queue_engine.store.append_once import IdempotentAppender
+    from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA
+
+    for kind, make in (("fast", LocalAppender), ("delta-rs", DeltaRsAppender)):
+        path = str(tmp_path / kind)
+        open_or_create(path, CHANNEL_MESSAGES_SCHEMA)
+        rows = _batch(3, 0x20).append_column("topic_version", pa.array([7, 8, 9], pa.int64()))
+        version = make(path).append(rows.cast(CHANNEL_MESSAGES_SCHEMA), Transaction("app", 41))
+        dt = DeltaTable(path)
+        assert dt.version() == version
+        assert dt.transaction_version("app") == 41
+        add = pa.table(dt.get_add_actions(flatten=True)).to_pylist()[0]
+        # The restart skips channel files by their topic_version bounds.
+        assert (add["min.topic_version"], add["max.topic_version"]) == (7, 9)
+        # A new appender reads the recorded batch and skips it and anything older.
+        again = IdempotentAppender(path, "app")
+        assert again.append(rows.cast(CHANNEL_MESSAGES_SCHEMA), 41) is False
+        assert again.append(rows.cast(CHANNEL_MESSAGES_SCHEMA), 40) is False
+        assert again.append(rows.cast(CHANNEL_MESSAGES_SCHEMA), 42) is True
+        assert DeltaTable(path).to_pyarrow_table().num_rows == 6
+
+
 def test_fast_path_only_for_plain_local_tables(tmp_path: Path) -> None:
     path = str(tmp_path / "t")
     open_or_create(path, TOPIC_SCHEMA)

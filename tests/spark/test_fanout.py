@@ -92,6 +92,42 @@ def test_fanout_rules(spark: SparkSession, server_factory: type[Server], tmp_pat
     c.close()
 
 
+def test_channel_deleted_and_recreated_while_streaming(
+    spark: SparkSession, server_factory: type[Server], tmp_path: Path
+) -> None:
+    wh = tmp_path / "wh"
+    server = server_factory(wh).start()
+    c = httpx.Client(base_url=server.url, timeout=30)
+    path = wh / "channels" / "r" / "c" / "messages"
+
+    def post(path: str, **params: str) -> None:
+        assert c.post(path, params=params).status_code == 200
+
+    def wait_for(expected: list[bytes]) -> None:
+        deadline = time.monotonic() + 60
+        while channel_bodies(wh, "r", "c") != expected and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert channel_bodies(wh, "r", "c") == expected
+
+    post("/topic/create", topic="r")
+    post("/channel/create", topic="r", channel="c")
+    query = start_fanout(spark, Warehouse(str(wh)), once=False, checkpoint=str(tmp_path / "cp"))
+    try:
+        for i in range(3):
+            assert c.post("/pub", params={"topic": "r"}, content=f"old{i}".encode()).text == "OK"
+            wait_for([f"old{j}".encode() for j in range(i + 1)])
+        post("/channel/delete", topic="r", channel="c")
+        post("/channel/create", topic="r", channel="c")
+        assert c.post("/pub", params={"topic": "r"}, content=b"new").text == "OK"
+        # The new table holds the new message only, in version 1: the old channel's appender
+        # (next version 4) must not have written into it.
+        wait_for([b"new"])
+        assert sorted(os.listdir(path / "_delta_log")) == [f"{v:020d}.json" for v in range(2)]
+    finally:
+        query.stop()
+        c.close()
+
+
 def _fanout_process(warehouse: Path, *extra: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log = open(warehouse.parent / "fanout.log", "ab")  # noqa: SIM115 - owned by the child
