@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import threading
@@ -81,7 +82,7 @@ def latency(rate: int, seconds: float) -> None:
                 for line in (wh.parent / "fanout.log").read_text().splitlines()
                 if "fanout batch" in line
             ]
-            print("\n".join(batches[-5:]))
+            print("\n".join(batches[-int(os.environ.get("SHOW_BATCHES", "5")) :]))
             tailer.join(5)
             samples.sort()
             if not samples:

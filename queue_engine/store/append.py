@@ -16,7 +16,8 @@ import logging
 import os
 import time
 import uuid
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -118,7 +119,7 @@ class LocalAppender:
             "size": data.size,
             "modificationTime": now_ms,
             "dataChange": True,
-            "stats": json.dumps(_stats(table), separators=(",", ":")),
+            "stats": json.dumps(file_stats(table), separators=(",", ":")),
         }
         info = {
             "timestamp": now_ms,
@@ -133,34 +134,49 @@ class LocalAppender:
             actions.append(
                 {"txn": {"appId": txn.app_id, "version": txn.version, "lastUpdated": now_ms}}
             )
-        entry = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
         staging = self._spares.take()
-        _write_empty_file(staging, entry)
+        _write_empty_file(staging, log_entry(actions))
         try:
-            for _ in range(_MAX_LINK_RACES):
-                version = self._next_version
-                target = os.path.join(self._log_dir, f"{version:020d}.json")
-                try:
-                    os.link(staging, target)
-                except FileExistsError:
-                    # Another committer (a compaction) took this version. A blind append does
-                    # not conflict with data commits, but a metadata or protocol change could
-                    # make this writer wrong: then let delta-rs decide.
-                    self._check_winner(target)
-                    self._next_version = version + 1
-                    continue
-                self._next_version = version + 1
-                return version
+            version = put_log_entry(
+                self._log_dir, self._next_version, staging, _refuse_schema_change
+            )
         finally:
             os.unlink(staging)
-        raise CommitFailedError(f"no free version for {self.path}")
+        self._next_version = version + 1
+        return version
 
-    def _check_winner(self, target: str) -> None:
-        with open(target, "rb") as f:
-            for line in f:
-                action = json.loads(line)
-                if "metaData" in action or "protocol" in action:
-                    raise ProtocolChangedError(target)
+
+def log_entry(actions: list[dict[str, object]]) -> bytes:
+    """A Delta commit file's content: one JSON action per line."""
+    return "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
+
+
+def put_log_entry(
+    log_dir: str, first_version: int, staging: str, check_winner: Callable[[list[Any]], None]
+) -> int:
+    """Commit the log entry in file ``staging`` as the first free version from
+    ``first_version`` on: put-if-absent by hard link (atomic on POSIX). For each version another
+    writer took first, ``check_winner`` gets that commit's actions and raises if this commit
+    must not follow it. Returns the version taken."""
+    version = first_version
+    for _ in range(_MAX_LINK_RACES):
+        target = os.path.join(log_dir, f"{version:020d}.json")
+        try:
+            os.link(staging, target)
+            return version
+        except FileExistsError:
+            with open(target, "rb") as f:
+                check_winner([json.loads(line) for line in f if line.strip()])
+            version += 1
+    raise CommitFailedError(f"no free version in {log_dir}")
+
+
+def _refuse_schema_change(actions: list[Any]) -> None:
+    # Another committer (a compaction) took the version. A blind append does not conflict
+    # with data commits, but a metadata or protocol change could make this writer wrong:
+    # then let delta-rs decide.
+    if any("metaData" in a or "protocol" in a for a in actions):
+        raise ProtocolChangedError("the table's metadata or protocol changed")
 
 
 def _write_empty_file(path: str, data: bytes | pa.Buffer) -> None:
@@ -179,7 +195,7 @@ class ProtocolChangedError(RuntimeError):
     """The table's metadata or protocol changed under the fast appender."""
 
 
-def _stats(table: pa.Table) -> dict[str, object]:
+def file_stats(table: pa.Table) -> dict[str, object]:
     """Delta file statistics: row count, and min/max/null count of the exact-able columns."""
     minimum: dict[str, object] = {}
     maximum: dict[str, object] = {}
@@ -200,11 +216,12 @@ def _stats(table: pa.Table) -> dict[str, object]:
     }
 
 
-def fast_path_allowed(path: str) -> bool:
-    """True when ``LocalAppender`` fully honours this table: local, reader 1, writer <= 2."""
+def fast_path_allowed(path: str, dt: DeltaTable | None = None) -> bool:
+    """True when ``LocalAppender`` fully honours this table (``dt``, if already loaded):
+    local, reader 1, writer <= 2."""
     if "://" in path and not path.startswith("file://"):
         return False
-    protocol = DeltaTable(path).protocol()
+    protocol = (dt or DeltaTable(path)).protocol()
     return (
         protocol.min_reader_version == 1
         and protocol.min_writer_version <= 2

@@ -20,6 +20,8 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from queue_engine.settings import Settings
+from queue_engine.store.append import fast_path_allowed
+from queue_engine.store.compaction import compact_small_files
 
 log = logging.getLogger(__name__)
 
@@ -103,22 +105,31 @@ class Maintenance:
         if upkeep is None:
             with self._lock:
                 upkeep = self._tables.setdefault(path, _Upkeep())
+        started = time.perf_counter()
         dt = DeltaTable(path)
         version = dt.version()
         if version - upkeep.last_checkpoint_version >= self.policy.checkpoint_interval_commits:
             due = time.monotonic() - upkeep.last_compaction_s >= self.policy.compact_interval_s
             if due and self._small_files(dt) >= self.policy.compact_min_small_files:
-                # One task: upkeep must leave the other cores to the queue it maintains.
-                metrics = dt.optimize.compact(
-                    target_size=self.policy.compact_target_file_bytes, max_concurrent_tasks=1
-                )
+                summary = self._compact(path, dt)
                 upkeep.last_compaction_s = time.monotonic()
                 self.compactions += 1
-                log.info("compacted %s: %s", path, _summary(metrics))
+                log.info(
+                    "compacted %s: %s (%.0f ms)",
+                    path,
+                    summary,
+                    (time.perf_counter() - started) * 1000,
+                )
                 dt = DeltaTable(path)
             dt.create_checkpoint()
             upkeep.last_checkpoint_version = dt.version()
             self.checkpoints += 1
+            log.info(
+                "checkpointed %s at version %d (%.0f ms)",
+                path,
+                upkeep.last_checkpoint_version,
+                (time.perf_counter() - started) * 1000,
+            )
             if self._on_checkpoint is not None:
                 self._on_checkpoint(path)
         if time.monotonic() - upkeep.last_vacuum_s >= self.policy.vacuum_interval_s:
@@ -131,6 +142,14 @@ class Maintenance:
             upkeep.last_vacuum_s = time.monotonic()
             if removed:
                 log.info("vacuumed %d files from %s", len(removed), path)
+
+    def _compact(self, path: str, dt: DeltaTable) -> str:
+        target = self.policy.compact_target_file_bytes
+        if fast_path_allowed(path, dt):
+            done = compact_small_files(path, dt, target)
+            return "nothing" if done is None else f"{done.files_removed} files -> 1"
+        # One task: upkeep must leave the other cores to the queue it maintains.
+        return _summary(dt.optimize.compact(target_size=target, max_concurrent_tasks=1))
 
     def _small_files(self, dt: DeltaTable) -> int:
         actions = pa.table(dt.get_add_actions(flatten=False))

@@ -1,0 +1,139 @@
+"""Compaction of a local table's small files, written directly in the Delta protocol.
+
+Why not delta-rs's ``optimize.compact``: on a table that takes ~200 appends a second it took
+9 s of CPU to compact 2,700 one-message files (its commit rebases over every append that
+landed meanwhile), stalling the API and the fanout sharing the machine. Here the same work is
+one dataset scan of the small files (~0.2 ms a file), one Parquet file and one commit:
+``remove`` for each input and one ``add``, all ``dataChange=false``, so streaming readers skip
+it and appends never conflict with it. The commit is put-if-absent like the fast append; a
+version taken meanwhile by another writer is checked: a commit that removed one of the inputs
+(another compactor) or changed metadata/protocol aborts this one, anything else (appends) is
+simply followed. Only for tables the fast append path honours (local, reader 1, writer <= 2).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, unquote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+from queue_engine import __version__
+from queue_engine.store.append import file_stats, log_entry, put_log_entry
+from queue_engine.store.spare_files import SPARE_DIR
+from queue_engine.store.tables import parquet_dataset
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Compacted:
+    files_removed: int
+    rows: int
+    version: int
+
+
+class CompactionConflict(RuntimeError):
+    """Another writer removed an input file, or changed the table's metadata or protocol."""
+
+
+def compact_small_files(
+    path: str, dt: DeltaTable, target_file_bytes: int, max_files: int = 5_000
+) -> Compacted | None:
+    """Rewrite up to ``max_files`` of the small files (under half ``target_file_bytes``) of
+    the local table at ``path``, as loaded in ``dt``, into one file, rows in log order; None
+    when fewer than two qualify. Raises CompactionConflict when another writer got in the way
+    (then nothing was committed)."""
+    root = os.path.abspath(path)
+    actions = pa.table(dt.get_add_actions(flatten=False))
+    small = [
+        (str(path), int(size))
+        for path, size in zip(
+            actions["path"].to_pylist(), actions["size_bytes"].to_pylist(), strict=True
+        )
+        if int(size) < target_file_bytes // 2
+    ][:max_files]
+    if len(small) < 2:
+        return None
+    inputs = {path for path, _ in small}
+    schema = pa.schema(dt.schema().to_arrow())
+    rows = parquet_dataset([os.path.join(root, p) for p, _ in small], schema).to_table()
+
+    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    staging_dir = os.path.join(root, SPARE_DIR)
+    os.makedirs(staging_dir, exist_ok=True)
+    staged = os.path.join(staging_dir, f"{uuid.uuid4().hex}.compacting")
+    pq.write_table(rows, staged, compression="snappy")
+    size = os.path.getsize(staged)
+    os.rename(staged, os.path.join(root, name))  # never visible half-written
+
+    now_ms = int(time.time() * 1000)
+    info = {
+        "timestamp": now_ms,
+        "operation": "OPTIMIZE",
+        "operationParameters": {"targetSize": str(target_file_bytes)},
+        "readVersion": dt.version(),
+        "isBlindAppend": False,
+        "operationMetrics": {
+            "numRemovedFiles": str(len(small)),
+            "numAddedFiles": "1",
+            "numOutputRows": str(rows.num_rows),
+        },
+        "engineInfo": f"deltaq/{__version__}",
+    }
+    entry: list[dict[str, object]] = [{"commitInfo": info}]
+    entry += [
+        {
+            "remove": {
+                "path": quote(path),
+                "deletionTimestamp": now_ms,
+                "dataChange": False,
+                "extendedFileMetadata": True,
+                "partitionValues": {},
+                "size": size_bytes,
+            }
+        }
+        for path, size_bytes in small
+    ]
+    entry.append(
+        {
+            "add": {
+                "path": name,
+                "partitionValues": {},
+                "size": size,
+                "modificationTime": now_ms,
+                "dataChange": False,
+                "stats": json.dumps(file_stats(rows), separators=(",", ":")),
+            }
+        }
+    )
+
+    def check_winner(winner: list[Any]) -> None:
+        for action in winner:
+            if "metaData" in action or "protocol" in action:
+                raise CompactionConflict("metadata or protocol changed")
+            removed = action.get("remove")
+            if removed is not None and unquote(removed["path"]) in inputs:
+                raise CompactionConflict(f"{removed['path']} was removed by another writer")
+
+    staging = os.path.join(staging_dir, f"{uuid.uuid4().hex}.commit")
+    with open(staging, "wb") as f:
+        f.write(log_entry(entry))
+    try:
+        version = put_log_entry(
+            os.path.join(root, "_delta_log"), dt.version() + 1, staging, check_winner
+        )
+    except BaseException:
+        os.unlink(os.path.join(root, name))  # referenced by no commit
+        raise
+    finally:
+        os.unlink(staging)
+    return Compacted(len(small), rows.num_rows, version)
