@@ -114,7 +114,7 @@ def throughput(backlog: int, consumers: list[int]) -> None:
             stop(api)
 
 
-def latency(rate: int, seconds: float) -> None:
+def latency(rate: int, seconds: float, warmup: float) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         wh = Path(tmp) / "wh"
         port = free_port()
@@ -153,6 +153,7 @@ def latency(rate: int, seconds: float) -> None:
                 post(port, "/pub?topic=lat", b"warmup")
                 time.sleep(0.5)
             time.sleep(2)
+            publish_timestamps(port, "lat", rate, warmup, prefix="w")
             sent = publish_timestamps(port, "lat", rate, seconds)
             time.sleep(3)
             stop_consumers.set()
@@ -180,13 +181,16 @@ def main() -> int:
     parser.add_argument("--backlog", type=int, default=100_000)
     parser.add_argument("--rate", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument(
+        "--warmup", type=float, default=5, help="seconds of the same load before measuring"
+    )
     parser.add_argument("--only", choices=["throughput", "latency"])
     parser.add_argument("--consumers", default="1,8", help="consumer counts to run, e.g. 1,8")
     args = parser.parse_args()
     if args.only in (None, "throughput"):
         throughput(args.backlog, [int(n) for n in args.consumers.split(",")])
     if args.only in (None, "latency"):
-        latency(args.rate, args.seconds)
+        latency(args.rate, args.seconds, args.warmup)
     return 0
 
 

@@ -1,6 +1,7 @@
 """Fanout latency and backlog throughput, with the API and the fanout job running locally.
 
-1. Latency: a steady publish load (``--rate`` msg/s for ``--seconds``) while ``deltaq fanout``
+1. Latency: a steady publish load (``--rate`` msg/s for ``--seconds``, after ``--warmup``
+   seconds of the same load) while ``deltaq fanout``
    runs; each body carries its publish time; a tailer reads the channel table's new commits and
    prints publish -> row visible in the channel table, p50/p99.
 2. Backlog: ``--backlog`` 200-byte messages published first, then ``deltaq fanout --once``;
@@ -39,7 +40,7 @@ from procs import (  # noqa: E402
 from queue_engine.store.commit_log import added_files, latest_version  # noqa: E402
 
 
-def latency(rate: int, seconds: float) -> None:
+def latency(rate: int, seconds: float, warmup: float) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         wh = Path(tmp) / "wh"
         port = free_port()
@@ -74,6 +75,7 @@ def latency(rate: int, seconds: float) -> None:
 
             tailer = threading.Thread(target=tail, daemon=True)
             tailer.start()
+            publish_timestamps(port, "lat", rate, warmup, prefix="w")
             sent = publish_timestamps(port, "lat", rate, seconds)
             time.sleep(3)
             done.set()
@@ -145,11 +147,14 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rate", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument(
+        "--warmup", type=float, default=5, help="seconds of the same load before measuring"
+    )
     parser.add_argument("--backlog", type=int, default=1_000_000)
     parser.add_argument("--only", choices=["latency", "backlog"])
     args = parser.parse_args()
     if args.only in (None, "latency"):
-        latency(args.rate, args.seconds)
+        latency(args.rate, args.seconds, args.warmup)
     if args.only in (None, "backlog"):
         backlog(args.backlog)
     return 0

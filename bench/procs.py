@@ -73,15 +73,18 @@ def stop(proc: subprocess.Popen[bytes], group: bool = False) -> None:
                 proc.kill()
 
 
-def publish_timestamps(port: int, topic: str, rate: int, seconds: float) -> int:
-    """``/pub`` at ``rate`` msg/s for ``seconds``, each body ``t <publish time ns>``; return
-    how many were sent."""
+def publish_timestamps(
+    port: int, topic: str, rate: int, seconds: float, prefix: str = "t"
+) -> int:
+    """``/pub`` at ``rate`` msg/s for ``seconds``, each body ``<prefix> <publish time ns>``;
+    return how many were sent. Measurements count the ``t`` bodies: another prefix is a
+    warm-up at the same rate (JIT, caches, the first compaction), not measured."""
     interval = 1.0 / rate
     end = time.monotonic() + seconds
     next_at = time.monotonic()
     sent = 0
     while time.monotonic() < end:
-        post(port, f"/pub?topic={topic}", f"t {time.time_ns()}".encode())
+        post(port, f"/pub?topic={topic}", f"{prefix} {time.time_ns()}".encode())
         sent += 1
         next_at += interval
         time.sleep(max(0.0, next_at - time.monotonic()))
