@@ -73,9 +73,7 @@ def stop(proc: subprocess.Popen[bytes], group: bool = False) -> None:
                 proc.kill()
 
 
-def publish_timestamps(
-    port: int, topic: str, rate: int, seconds: float, prefix: str = "t"
-) -> int:
+def publish_timestamps(port: int, topic: str, rate: int, seconds: float, prefix: str = "t") -> int:
     """``/pub`` at ``rate`` msg/s for ``seconds``, each body ``<prefix> <publish time ns>``;
     return how many were sent. Measurements count the ``t`` bodies: another prefix is a
     warm-up at the same rate (JIT, caches, the first compaction), not measured."""

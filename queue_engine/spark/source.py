@@ -29,7 +29,6 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
-from pyspark.errors import PySparkNotImplementedError
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -40,6 +39,7 @@ from pyspark.sql.datasource import (
     SimpleDataSourceStreamReader,
     WriterCommitMessage,
 )
+from pyspark.sql.datasource_internal import SimpleInputPartition, _SimpleStreamReaderWrapper
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -52,7 +52,6 @@ from pyspark.sql.types import StructType
 from queue_engine.registry import Registry
 from queue_engine.store.append_once import append_once
 from queue_engine.store.commit_log import (
-    AddedFile,
     AddedFilesCache,
     added_files,
     latest_version,
@@ -66,6 +65,11 @@ DEFAULT_MAX_FILES_PER_TRIGGER = 200
 # The rows of a micro-batch are collected on the driver by the fanout: cap them so a backlog
 # is moved in bounded steps (200k rows of 200 bytes ~ 40 MB) instead of one OOM-sized batch.
 DEFAULT_MAX_ROWS_PER_TRIGGER = 200_000
+# Micro-batches up to this many rows are read in the driver-side Python process and shipped
+# with the plan (no Python task: low latency); larger ones are read by at least
+# DEFAULT_MIN_PARTITIONS tasks in parallel (throughput).
+DEFAULT_PREFETCH_MAX_ROWS = 20_000
+DEFAULT_MIN_PARTITIONS = 2
 
 TOPICS_STREAM_SCHEMA = pa.schema(
     [
@@ -113,20 +117,21 @@ class DeltaqDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         if self._topics_stream():
-            # Spark then asks simpleStreamReader (see TopicsPrefetchingReader).
-            raise PySparkNotImplementedError(
-                errorClass="NOT_IMPLEMENTED", messageParameters={"feature": "streamReader"}
+            max_rows = int(self.options.get("maxRowsPerTrigger", DEFAULT_MAX_ROWS_PER_TRIGGER))
+            return TopicsHybridReader(
+                TopicsStreamReader(
+                    self.options["warehouse"],
+                    self._files_per_partition(),
+                    self._max_files(),
+                    max_rows,
+                    min_partitions=int(self.options.get("minPartitions", DEFAULT_MIN_PARTITIONS)),
+                ),
+                prefetch_max_rows=int(
+                    self.options.get("prefetchMaxRows", DEFAULT_PREFETCH_MAX_ROWS)
+                ),
             )
         return TableStreamReader(
             self.options["path"], self._files_per_partition(), self._max_files()
-        )
-
-    def simpleStreamReader(self, schema: StructType) -> SimpleDataSourceStreamReader:
-        max_rows = int(self.options.get("maxRowsPerTrigger", DEFAULT_MAX_ROWS_PER_TRIGGER))
-        return TopicsPrefetchingReader(
-            TopicsStreamReader(
-                self.options["warehouse"], self._files_per_partition(), self._max_files(), max_rows
-            )
         )
 
     def _files_per_partition(self) -> int:
@@ -296,9 +301,15 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """
 
     def __init__(
-        self, warehouse: str, files_per_partition: int, max_files: int, max_rows: int
+        self,
+        warehouse: str,
+        files_per_partition: int,
+        max_files: int,
+        max_rows: int,
+        min_partitions: int = 1,
     ) -> None:
         self.warehouse = Warehouse(warehouse)
+        self.min_partitions = min_partitions
         self.max_rows = max_rows
         self.files_per_partition = files_per_partition
         self.max_files = max_files
@@ -364,23 +375,36 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             total += rows
         return latest, total
 
-    def partitions(
-        self, start: dict[str, list[int]], end: dict[str, list[int]]
-    ) -> Sequence[InputPartition]:
-        files: list[AddedFile] = []
-        owners: list[str] = []
+    def planned(self, start: dict[str, list[int]], end: dict[str, list[int]]) -> list[FileRef]:
+        """The files versions (start, end] added, per topic, with their topic and version."""
+        files: list[FileRef] = []
         for name, (seq, version) in sorted(end.items()):
             begin = start.get(name)
             begin_version = begin[1] if begin is not None and begin[0] == seq else -1
-            if version <= begin_version:
-                continue
-            added = self._log.added(self.warehouse.topic_path(name), begin_version, version)
-            files.extend(added)
-            owners.extend([name] * len(added))
-        return _groups(
-            [(f.path, t, f.version) for f, t in zip(files, owners, strict=True)],
-            self.files_per_partition,
-        )
+            if version > begin_version:
+                added = self._log.added(self.warehouse.topic_path(name), begin_version, version)
+                files.extend((f.path, name, f.version) for f in added)
+        return files
+
+    def rows(self, start: dict[str, list[int]], end: dict[str, list[int]]) -> int:
+        total = 0
+        for name, (seq, version) in end.items():
+            begin = start.get(name)
+            begin_version = begin[1] if begin is not None and begin[0] == seq else -1
+            if version > begin_version:
+                path = self.warehouse.topic_path(name)
+                total += sum(
+                    f.num_records or 0 for f in self._log.added(path, begin_version, version)
+                )
+        return total
+
+    def partitions(
+        self, start: dict[str, list[int]], end: dict[str, list[int]]
+    ) -> Sequence[InputPartition]:
+        files = self.planned(start, end)
+        # At least min_partitions tasks, so a large batch is read (and converted) on every core.
+        size = max(1, min(self.files_per_partition, -(-len(files) // self.min_partitions)))
+        return _groups(files, size)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         yield from _read_files(_files(partition), TOPICS_STREAM_SCHEMA, with_topic=True)
@@ -395,12 +419,13 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 class TopicsPrefetchingReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
-    """The topics stream as a "simple" reader: Spark calls ``read(start)`` in its long-lived
-    driver-side Python process, which sizes the next micro-batch and reads its rows right away;
-    Spark ships those Arrow batches to the JVM with the batch's plan, so the micro-batch runs
-    without a Python task (measured: a Python read task cost ~100 ms of each micro-batch, most
-    of the fanout's latency at low rates). A batch replayed after a restart is read again from
-    its offsets by ``readBetweenOffsets``, in a task.
+    """The simple-reader side of TopicsHybridReader: what Spark asks a simple reader for
+    (initial offset, Trigger.AvailableNow, commit) and the rows between two offsets.
+
+    Why prefetching: Spark sends rows a simple reader produced in its long-lived driver-side
+    Python process to the JVM with the batch's plan, so the micro-batch runs without a Python
+    task (measured: a Python read task cost ~100 ms of each micro-batch, most of the fanout's
+    latency at low rates).
     """
 
     def __init__(self, offsets: TopicsStreamReader) -> None:
@@ -414,16 +439,54 @@ class TopicsPrefetchingReader(SimpleDataSourceStreamReader, SupportsTriggerAvail
 
     def read(self, start: dict[str, list[int]]) -> tuple[Iterator[Any], dict[str, list[int]]]:
         end = self.offsets.latestOffset(start, ReadMaxFiles(self.offsets.max_files))
-        # A list iterator: Spark copies it (copy.copy) to replay the prefetched rows.
         return iter(list(self.readBetweenOffsets(start, end))), end
 
     def readBetweenOffsets(
         self, start: dict[str, list[int]], end: dict[str, list[int]]
     ) -> Iterator[Any]:
-        files = [f for p in self.offsets.partitions(start, end) for f in _files(p)]
-        yield from _read_files(files, TOPICS_STREAM_SCHEMA, with_topic=True)
+        yield from _read_files(self.offsets.planned(start, end), TOPICS_STREAM_SCHEMA, True)
 
     def commit(self, end: dict[str, list[int]]) -> None:
+        self.offsets.commit(end)
+
+
+class TopicsHybridReader(_SimpleStreamReaderWrapper):
+    """The topics stream's reader: small micro-batches prefetched (TopicsPrefetchingReader),
+    large ones read by parallel tasks.
+
+    Spark treats a reader of this class (pyspark's wrapper of simple readers, private API of
+    PySpark 4.x, pinned < 5) specially: the rows it caches in ``latestOffset`` are sent to the
+    JVM with the plan, and when it has none cached for a batch (a large batch, or one replayed
+    after a restart) Spark runs ``read`` on the ``partitions`` in Python tasks.
+    """
+
+    def __init__(self, offsets: TopicsStreamReader, prefetch_max_rows: int) -> None:
+        super().__init__(TopicsPrefetchingReader(offsets))
+        self.offsets = offsets
+        self.prefetch_max_rows = prefetch_max_rows
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        end = self.offsets.latestOffset(start, ReadMaxFiles(self.offsets.max_files))
+        if end != start and self.offsets.rows(start, end) <= self.prefetch_max_rows:
+            # A list iterator: Spark copies it (copy.copy) to send the prefetched rows.
+            rows = iter(list(self.simple_reader.readBetweenOffsets(start, end)))
+            self.add_result_to_cache(start, end, rows)
+        return end
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        if any(e.start == start and e.end == end for e in self.cache):
+            return [SimpleInputPartition(start, end)]
+        return self.offsets.partitions(start, end)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        if isinstance(partition, SimpleInputPartition):
+            return self.simple_reader.readBetweenOffsets(partition.start, partition.end)
+        return self.offsets.read(partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        # Spark commits batch N after planning batch N + 1: keep the batch that starts here.
+        following = next((i for i, e in enumerate(self.cache) if e.start == end), None)
+        self.cache = [] if following is None else self.cache[following:]
         self.offsets.commit(end)
 
 

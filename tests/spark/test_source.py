@@ -184,3 +184,46 @@ def test_delta_rs_and_fast_path_tables_read_alike(spark: SparkSession, tmp_path:
     write_deltalake(str(path), batch(4, 0), mode="append")
     LocalAppender(str(path)).append(batch(4, 4))
     assert spark.read.format("deltaq").load(str(path)).count() == 8
+
+
+def test_topics_reader_prefetches_small_batches_and_splits_large_ones(tmp_path: Path) -> None:
+    """The calls Spark makes, in its order (batch N + 1 is planned before N is committed)."""
+    from pyspark.sql.datasource_internal import SimpleInputPartition
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from queue_engine.registry import Action, RegistryEvent
+    from queue_engine.spark.source import TopicsHybridReader, TopicsStreamReader
+    from queue_engine.store.registry_store import RegistryStore
+    from queue_engine.store.tables import Warehouse
+
+    wh = Warehouse(str(tmp_path / "wh"))
+    registry = RegistryStore(wh.registry_path)
+    registry.append(RegistryEvent(1, 0, Action.TOPIC_CREATE, "t"))
+    registry.append(RegistryEvent(2, 0, Action.CHANNEL_CREATE, "t", "c", topic_version=-1))
+    topic = make_topic(Path(wh.topic_path("t")), commits=4, per_commit=3)  # 12 rows
+    reader = TopicsHybridReader(
+        TopicsStreamReader(wh.root, 256, 200, 200_000, min_partitions=2), prefetch_max_rows=5
+    )
+
+    def rows(partitions: list[object]) -> list[str]:
+        out: list[str] = []
+        for p in partitions:
+            for b in reader.read(p):  # type: ignore[arg-type]
+                out += pa.Table.from_batches([b])["id"].to_pylist()
+        return out
+
+    start = reader.initialOffset()
+    big_end = reader.latestOffset(start, ReadAllAvailable())  # 12 rows > 5: not prefetched
+    big = list(reader.partitions(start, big_end))
+    assert len(big) == 2 and not any(isinstance(p, SimpleInputPartition) for p in big)
+    assert len(rows(big)) == 12
+
+    topic.append(batch(3, 100))
+    small_end = reader.latestOffset(big_end, ReadAllAvailable())  # 3 rows: prefetched
+    reader.commit(big_end)  # Spark commits N after planning N + 1
+    small = list(reader.partitions(big_end, small_end))
+    assert len(small) == 1 and isinstance(small[0], SimpleInputPartition)
+    assert reader.getCache(big_end, small_end) is not None
+    assert rows(small) == batch(3, 100)["id"].to_pylist()
+    reader.commit(small_end)
+    assert reader.cache == []
