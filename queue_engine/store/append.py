@@ -27,6 +27,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties, PostCommitHookProperties, Transaction
 
 from queue_engine import __version__
+from queue_engine.store.commit_log import latest_version
 from queue_engine.store.spare_files import SpareFiles
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,8 @@ class LocalAppender:
         self._spares = SpareFiles(self.path)
 
     def reopen(self) -> None:
-        self._next_version = max(self._next_version, DeltaTable(self.path).version() + 1)
+        # Probe onwards from the versions known: opening the table would replay its log.
+        self._next_version = latest_version(self.path, self._next_version - 1) + 1
 
     def close(self) -> None:
         self._spares.close()

@@ -21,6 +21,7 @@ from deltalake import DeltaTable
 
 from queue_engine.settings import Settings
 from queue_engine.store.append import fast_path_allowed
+from queue_engine.store.commit_log import latest_version
 from queue_engine.store.compaction import compact_small_files
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Upkeep:
     last_checkpoint_version: int = -1
+    last_checkpoint_s: float = float("-inf")
+    known_version: int = -1
     last_compaction_s: float = float("-inf")
     last_vacuum_s: float = 0.0
 
@@ -42,6 +45,7 @@ class MaintenancePolicy:
     vacuum_retention_hours: int
     vacuum_interval_s: int
     interval_ms: int
+    checkpoint_min_interval_s: float = 0.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> MaintenancePolicy:
@@ -53,6 +57,7 @@ class MaintenancePolicy:
             vacuum_retention_hours=settings.vacuum_retention_hours,
             vacuum_interval_s=settings.vacuum_interval_s,
             interval_ms=settings.maintenance_interval_ms,
+            checkpoint_min_interval_s=settings.checkpoint_min_interval_s,
         )
 
 
@@ -106,9 +111,18 @@ class Maintenance:
             with self._lock:
                 upkeep = self._tables.setdefault(path, _Upkeep())
         started = time.perf_counter()
+        # Probing for the next commit files is cheap; opening the table replays its log.
+        version = latest_version(path, upkeep.known_version)
+        upkeep.known_version = version
+        checkpoint_due = (
+            version - upkeep.last_checkpoint_version >= self.policy.checkpoint_interval_commits
+            and time.monotonic() - upkeep.last_checkpoint_s >= self.policy.checkpoint_min_interval_s
+        )
+        vacuum_due = time.monotonic() - upkeep.last_vacuum_s >= self.policy.vacuum_interval_s
+        if not (checkpoint_due or vacuum_due):
+            return
         dt = DeltaTable(path)
-        version = dt.version()
-        if version - upkeep.last_checkpoint_version >= self.policy.checkpoint_interval_commits:
+        if checkpoint_due:
             due = time.monotonic() - upkeep.last_compaction_s >= self.policy.compact_interval_s
             if due and self._small_files(dt) >= self.policy.compact_min_small_files:
                 summary = self._compact(path, dt)
@@ -123,6 +137,7 @@ class Maintenance:
                 dt = DeltaTable(path)
             dt.create_checkpoint()
             upkeep.last_checkpoint_version = dt.version()
+            upkeep.last_checkpoint_s = time.monotonic()
             self.checkpoints += 1
             log.info(
                 "checkpointed %s at version %d (%.0f ms)",
@@ -132,7 +147,7 @@ class Maintenance:
             )
             if self._on_checkpoint is not None:
                 self._on_checkpoint(path)
-        if time.monotonic() - upkeep.last_vacuum_s >= self.policy.vacuum_interval_s:
+        if vacuum_due:
             removed = dt.vacuum(
                 retention_hours=self.policy.vacuum_retention_hours,
                 dry_run=False,
