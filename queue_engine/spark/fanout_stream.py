@@ -66,12 +66,6 @@ class ChannelSinks:
         for key in [k for k in self._sinks if k not in live]:
             self._sinks.pop(key).close()
 
-    def close(self) -> None:
-        for sink in self._sinks.values():
-            sink.close()
-        self._sinks.clear()
-        self._upkeep.shutdown(wait=True)
-
 
 def fanout_batch(
     df: DataFrame, batch_id: int, registry_reader: RegistryReader, sinks: ChannelSinks

@@ -52,6 +52,7 @@ from pyspark.sql.types import StructType
 from queue_engine.registry import Registry
 from queue_engine.store.append_once import append_once
 from queue_engine.store.commit_log import (
+    AddedFile,
     AddedFilesCache,
     added_files,
     latest_version,
@@ -292,6 +293,13 @@ class TableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return None
 
 
+def _begin_version(start: dict[str, list[int]], topic: str, seq: int) -> int:
+    """The version a topic's part of a micro-batch starts after: its offset in ``start`` if that
+    names the same creation of the topic, else -1 (a new or re-created topic, read from 0)."""
+    begin = start.get(topic)
+    return begin[1] if begin is not None and begin[0] == seq else -1
+
+
 class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Every topic of a warehouse as one stream.
 
@@ -340,8 +348,7 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for name in sorted(registry.topics):
             info = registry.topics[name]
             seq = info.created_seq
-            begin = start.get(name)
-            begin_version = begin[1] if begin is not None and begin[0] == seq else -1
+            begin_version = _begin_version(start, name, seq)
             # A paused topic, or one with no channel, holds its messages (nsqd's topic buffer):
             # its offset stays put, so a channel created later still receives them.
             if (info.paused and not paused_ok) or not info.channels:
@@ -375,28 +382,22 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             total += rows
         return latest, total
 
-    def planned(self, start: dict[str, list[int]], end: dict[str, list[int]]) -> list[FileRef]:
-        """The files versions (start, end] added, per topic, with their topic and version."""
-        files: list[FileRef] = []
+    def _added(
+        self, start: dict[str, list[int]], end: dict[str, list[int]]
+    ) -> Iterator[tuple[str, AddedFile]]:
+        """(topic, file) for each file versions (start, end] added, topics in name order."""
         for name, (seq, version) in sorted(end.items()):
-            begin = start.get(name)
-            begin_version = begin[1] if begin is not None and begin[0] == seq else -1
-            if version > begin_version:
-                added = self._log.added(self.warehouse.topic_path(name), begin_version, version)
-                files.extend((f.path, name, f.version) for f in added)
-        return files
+            path = self.warehouse.topic_path(name)
+            for f in self._log.added(path, _begin_version(start, name, seq), version):
+                yield name, f
+
+    def planned(self, start: dict[str, list[int]], end: dict[str, list[int]]) -> list[FileRef]:
+        """The files of the micro-batch (start, end], with their topic and version."""
+        return [(f.path, name, f.version) for name, f in self._added(start, end)]
 
     def rows(self, start: dict[str, list[int]], end: dict[str, list[int]]) -> int:
-        total = 0
-        for name, (seq, version) in end.items():
-            begin = start.get(name)
-            begin_version = begin[1] if begin is not None and begin[0] == seq else -1
-            if version > begin_version:
-                path = self.warehouse.topic_path(name)
-                total += sum(
-                    f.num_records or 0 for f in self._log.added(path, begin_version, version)
-                )
-        return total
+        """The micro-batch's row count, from the commits' statistics."""
+        return sum(f.num_records or 0 for _, f in self._added(start, end))
 
     def partitions(
         self, start: dict[str, list[int]], end: dict[str, list[int]]
@@ -419,8 +420,9 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 class TopicsPrefetchingReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
-    """The simple-reader side of TopicsHybridReader: what Spark asks a simple reader for
-    (initial offset, Trigger.AvailableNow, commit) and the rows between two offsets.
+    """The simple-reader side of TopicsHybridReader: what Spark asks the wrapped simple reader
+    for (initial offset, Trigger.AvailableNow) and the rows between two offsets. Sizing a
+    batch (``read``) and committing are the hybrid's own ``latestOffset`` and ``commit``.
 
     Why prefetching: Spark sends rows a simple reader produced in its long-lived driver-side
     Python process to the JVM with the batch's plan, so the micro-batch runs without a Python
@@ -437,17 +439,10 @@ class TopicsPrefetchingReader(SimpleDataSourceStreamReader, SupportsTriggerAvail
     def prepareForTriggerAvailableNow(self) -> None:
         self.offsets.prepareForTriggerAvailableNow()
 
-    def read(self, start: dict[str, list[int]]) -> tuple[Iterator[Any], dict[str, list[int]]]:
-        end = self.offsets.latestOffset(start, ReadMaxFiles(self.offsets.max_files))
-        return iter(list(self.readBetweenOffsets(start, end))), end
-
     def readBetweenOffsets(
         self, start: dict[str, list[int]], end: dict[str, list[int]]
     ) -> Iterator[Any]:
         yield from _read_files(self.offsets.planned(start, end), TOPICS_STREAM_SCHEMA, True)
-
-    def commit(self, end: dict[str, list[int]]) -> None:
-        self.offsets.commit(end)
 
 
 class TopicsHybridReader(_SimpleStreamReaderWrapper):

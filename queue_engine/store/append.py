@@ -115,14 +115,6 @@ class LocalAppender:
         # Renamed into place only once complete: the data file never exists half-written.
         os.rename(spare, file_path)
         now_ms = int(time.time() * 1000)
-        add = {
-            "path": name,
-            "partitionValues": {},
-            "size": data.size,
-            "modificationTime": now_ms,
-            "dataChange": True,
-            "stats": json.dumps(file_stats(table), separators=(",", ":")),
-        }
         info = {
             "timestamp": now_ms,
             "operation": "WRITE",
@@ -131,7 +123,10 @@ class LocalAppender:
             "operationMetrics": {"numFiles": "1", "numOutputRows": str(table.num_rows)},
             "engineInfo": f"deltaq/{__version__}",
         }
-        actions: list[dict[str, object]] = [{"commitInfo": info}, {"add": add}]
+        actions: list[dict[str, object]] = [
+            {"commitInfo": info},
+            add_action(name, data.size, table, now_ms, data_change=True),
+        ]
         if txn is not None:
             actions.append(
                 {"txn": {"appId": txn.app_id, "version": txn.version, "lastUpdated": now_ms}}
@@ -146,6 +141,22 @@ class LocalAppender:
             os.unlink(staging)
         self._next_version = version + 1
         return version
+
+
+def add_action(
+    name: str, size: int, rows: pa.Table, now_ms: int, *, data_change: bool
+) -> dict[str, object]:
+    """The ``add`` action of a data file ``name`` (in the table root) holding ``rows``."""
+    return {
+        "add": {
+            "path": name,
+            "partitionValues": {},
+            "size": size,
+            "modificationTime": now_ms,
+            "dataChange": data_change,
+            "stats": json.dumps(_stats(rows), separators=(",", ":")),
+        }
+    }
 
 
 def log_entry(actions: list[dict[str, object]]) -> bytes:
@@ -197,7 +208,7 @@ class ProtocolChangedError(RuntimeError):
     """The table's metadata or protocol changed under the fast appender."""
 
 
-def file_stats(table: pa.Table) -> dict[str, object]:
+def _stats(table: pa.Table) -> dict[str, object]:
     """Delta file statistics: row count, and min/max/null count of the exact-able columns."""
     minimum: dict[str, object] = {}
     maximum: dict[str, object] = {}

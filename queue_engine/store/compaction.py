@@ -13,7 +13,6 @@ simply followed. Only for tables the fast append path honours (local, reader 1, 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -27,7 +26,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from queue_engine import __version__
-from queue_engine.store.append import file_stats, log_entry, put_log_entry
+from queue_engine.store.append import add_action, log_entry, put_log_entry
 from queue_engine.store.spare_files import SPARE_DIR
 from queue_engine.store.tables import parquet_dataset
 
@@ -103,18 +102,7 @@ def compact_small_files(
         }
         for path, size_bytes in small
     ]
-    entry.append(
-        {
-            "add": {
-                "path": name,
-                "partitionValues": {},
-                "size": size,
-                "modificationTime": now_ms,
-                "dataChange": False,
-                "stats": json.dumps(file_stats(rows), separators=(",", ":")),
-            }
-        }
-    )
+    entry.append(add_action(name, size, rows, now_ms, data_change=False))
 
     def check_winner(winner: list[Any]) -> None:
         for action in winner:

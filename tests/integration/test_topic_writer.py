@@ -258,3 +258,28 @@ def test_maintenance_checkpoints_compacts_and_keeps_old_versions_readable(tmp_pa
     fast.reopen()
     fast.append(_batch(1, 1000))
     assert DeltaTable(path).to_pyarrow_table().num_rows == 61
+
+
+def test_checkpoints_wait_for_the_minimum_interval(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    open_or_create(path, TOPIC_SCHEMA)
+    fast = LocalAppender(path)
+    m = Maintenance(
+        MaintenancePolicy(
+            checkpoint_interval_commits=5,
+            compact_min_small_files=1_000,
+            compact_target_file_bytes=1 << 20,
+            compact_interval_s=0,
+            vacuum_retention_hours=168,
+            vacuum_interval_s=3600,
+            interval_ms=10,
+            checkpoint_min_interval_s=3600,
+        )
+    )
+    for round_ in range(3):
+        for i in range(10):
+            fast.append(_batch(1, round_ * 10 + i))
+        m.upkeep(path)
+    # Due by commits every round, but only the first round is past the minimum interval.
+    assert m.checkpoints == 1
+    assert DeltaTable(path).to_pyarrow_table().num_rows == 30
