@@ -34,6 +34,7 @@ from queue_engine.store.ledger import (
     read_ledger_after,
     read_versions,
 )
+from queue_engine.store.loop_ledger import LoopLedgerWriter, open_ledger_writer
 from queue_engine.store.state import StateMeta, load_states, read_meta, read_state
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ class ChannelRuntime:
         self._reader = ChannelReader(messages_path)
         # Unread rows of messages the ledger already knew (they are not depth).
         self._known_unread = 0
-        self._writer: LedgerWriter | None = None
+        self._writer: LoopLedgerWriter | LedgerWriter | None = None
         self._changed = asyncio.Condition()
         self._load_lock = asyncio.Lock()
         self._clients: dict[str, float] = {}
@@ -104,7 +105,11 @@ class ChannelRuntime:
 
     async def start(self) -> None:
         self._writer = await asyncio.to_thread(
-            LedgerWriter, self.ledger_path, self._notify, name=f"{self.topic}/{self.channel}"
+            open_ledger_writer,
+            self.ledger_path,
+            asyncio.get_running_loop(),
+            self._notify,
+            name=f"{self.topic}/{self.channel}",
         )
         await self._rebuild()
 
@@ -188,7 +193,9 @@ class ChannelRuntime:
         """Wake every waiting SUB (they answer with no messages) and stop the ledger writer."""
         self.closed = True
         await self.wake()
-        if self._writer is not None:
+        if isinstance(self._writer, LoopLedgerWriter):
+            self._writer.close()  # commits what is pending, on this loop
+        elif self._writer is not None:
             await asyncio.to_thread(self._writer.close)
 
     def request_reopen(self) -> None:

@@ -4,9 +4,10 @@ Why a second path: a delta-rs ``write_deltalake`` append costs 5-12 ms here howe
 batch, and a closed-loop publisher waits for it, so it caps /pub throughput. A blind append
 is the simplest thing in the Delta protocol: write one Parquet file, then create
 ``_delta_log/<version>.json`` holding ``commitInfo`` + ``add``, failing if that version exists
-(put-if-absent; on POSIX a hard link, which is atomic). That takes ~1-2 ms. It is used only when
-the warehouse is a local path and the table's protocol is one this writer fully honours
-(reader 1, writer <= 2, no table features); otherwise every append goes through delta-rs.
+(put-if-absent: an atomic no-replace rename, see ``put_if_absent``). That takes ~1 ms. It is
+used only when the warehouse is a local path and the table's protocol is one this writer fully
+honours (reader 1, writer <= 2, no table features); otherwise every append goes through
+delta-rs.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from deltalake.transaction import CommitProperties, PostCommitHookProperties, Tr
 
 from queue_engine import __version__
 from queue_engine.store.commit_log import latest_version
+from queue_engine.store.put_if_absent import move_if_absent
 from queue_engine.store.spare_files import SpareFiles
 
 log = logging.getLogger(__name__)
@@ -35,7 +37,7 @@ log = logging.getLogger(__name__)
 # Checkpoints and log cleanup run in the maintenance thread, never inside a publish's commit.
 _NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
 _ATTEMPTS = 4
-_MAX_LINK_RACES = 1000
+_MAX_COMMIT_RACES = 1000
 # String statistics are exact only up to Delta's 32-character truncation; ids are 16.
 # topic_version (channel tables): the restart skips files by its bounds.
 _STAT_COLUMNS = ("id", "topic_version")
@@ -137,8 +139,9 @@ class LocalAppender:
             version = put_log_entry(
                 self._log_dir, self._next_version, staging, _refuse_schema_change
             )
-        finally:
+        except BaseException:
             os.unlink(staging)
+            raise
         self._next_version = version + 1
         return version
 
@@ -168,19 +171,18 @@ def put_log_entry(
     log_dir: str, first_version: int, staging: str, check_winner: Callable[[list[Any]], None]
 ) -> int:
     """Commit the log entry in file ``staging`` as the first free version from
-    ``first_version`` on: put-if-absent by hard link (atomic on POSIX). For each version another
-    writer took first, ``check_winner`` gets that commit's actions and raises if this commit
-    must not follow it. Returns the version taken."""
+    ``first_version`` on, moving it into place put-if-absent (``move_if_absent``). For each
+    version another writer took first, ``check_winner`` gets that commit's actions and raises
+    if this commit must not follow it. Returns the version taken; ``staging`` is gone then,
+    and left for the caller to remove when this raises."""
     version = first_version
-    for _ in range(_MAX_LINK_RACES):
+    for _ in range(_MAX_COMMIT_RACES):
         target = os.path.join(log_dir, f"{version:020d}.json")
-        try:
-            os.link(staging, target)
+        if move_if_absent(staging, target):
             return version
-        except FileExistsError:
-            with open(target, "rb") as f:
-                check_winner([json.loads(line) for line in f if line.strip()])
-            version += 1
+        with open(target, "rb") as f:
+            check_winner([json.loads(line) for line in f if line.strip()])
+        version += 1
     raise CommitFailedError(f"no free version in {log_dir}")
 
 
@@ -241,6 +243,19 @@ def fast_path_allowed(path: str, dt: DeltaTable | None = None) -> bool:
         and not (protocol.writer_features or [])
         and not (protocol.reader_features or [])
     )
+
+
+def append_or_fall_back(appender: Appender, path: str, table: pa.Table) -> tuple[Appender, int]:
+    """Append ``table`` with ``appender``; if the fast appender finds the table's protocol or
+    metadata changed, append through (and go on with) delta-rs. Returns the appender to use
+    from now on and the version committed."""
+    try:
+        return appender, appender.append(table)
+    except ProtocolChangedError:
+        log.warning("%s changed protocol or metadata; appending through delta-rs", path)
+        appender.close()
+        fallback = DeltaRsAppender(path)
+        return fallback, fallback.append(table)
 
 
 def appender_for(path: str, *, allow_fast: bool = True) -> Appender:

@@ -121,7 +121,6 @@ def compact_small_files(
         )
     except BaseException:
         os.unlink(os.path.join(root, name))  # referenced by no commit
-        raise
-    finally:
         os.unlink(staging)
+        raise
     return Compacted(len(small), rows.num_rows, version)

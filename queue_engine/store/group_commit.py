@@ -19,12 +19,7 @@ from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
 
-from queue_engine.store.append import (
-    Appender,
-    DeltaRsAppender,
-    ProtocolChangedError,
-    appender_for,
-)
+from queue_engine.store.append import Appender, append_or_fall_back, appender_for
 
 log = logging.getLogger(__name__)
 
@@ -155,13 +150,8 @@ class GroupCommitter(ABC, Generic[T]):
         if self._reopen_requested:
             self._reopen_requested = False
             self._appender.reopen()
-        try:
-            return self._appender.append(table)
-        except ProtocolChangedError:
-            log.warning("%s changed protocol or metadata; appending through delta-rs", self.path)
-            self._appender.close()
-            self._appender = DeltaRsAppender(self.path)
-            return self._appender.append(table)
+        self._appender, version = append_or_fall_back(self._appender, self.path, table)
+        return version
 
     @abstractmethod
     def _commit(self, batch: list[T]) -> None:

@@ -1,0 +1,130 @@
+"""The ledger's commit on the event loop, and put-if-absent, on real Delta tables in tmp_path."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.lease import EventKind, LeaseEvent
+from queue_engine.store import put_if_absent
+from queue_engine.store.group_commit import WriterClosedError
+from queue_engine.store.ledger import LedgerWriter, read_ledger
+from queue_engine.store.loop_ledger import LoopLedgerWriter, open_ledger_writer
+from queue_engine.store.put_if_absent import move_if_absent
+
+BASE_US = 1_790_000_000_000_000
+
+
+def _events(prefix: str, n: int) -> list[LeaseEvent]:
+    return [
+        LeaseEvent(f"{prefix}{i:015x}", EventKind.DELIVER, 1, BASE_US + i, lease="1-0123456789ab")
+        for i in range(n)
+    ]
+
+
+def test_submissions_of_one_loop_iteration_share_one_commit(tmp_path: Path) -> None:
+    path = str(tmp_path / "ledger")
+
+    async def scenario() -> LoopLedgerWriter:
+        loop = asyncio.get_running_loop()
+        writer = open_ledger_writer(path, loop, lambda tokens, error: None)
+        assert isinstance(writer, LoopLedgerWriter)
+        first = [loop.create_future() for _ in range(3)]
+        for n, future in enumerate(first):
+            writer.submit_events(_events(f"{n}", 10), future)
+        # Nothing is committed until the loop runs the flush.
+        assert DeltaTable(path).version() == 0
+        await asyncio.gather(*first)
+        assert DeltaTable(path).version() == 1
+        later = loop.create_future()
+        writer.submit_events(_events("9", 5), later)
+        await later
+        assert writer.is_own(1) and writer.is_own(2) and not writer.is_own(3)
+        writer.forget_own_through(1)
+        assert not writer.is_own(1) and writer.is_own(2)
+        return writer
+
+    writer = asyncio.run(scenario())
+    events, version = read_ledger(path)
+    assert version == 2
+    assert len(events) == 35 and len({e.id for e in events}) == 35
+    assert writer.commit_seconds and len(writer.commit_seconds) == 2
+
+
+def test_failed_commit_fails_every_request_of_the_batch_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "ledger")
+
+    async def scenario() -> list[BaseException | None]:
+        loop = asyncio.get_running_loop()
+        writer = open_ledger_writer(path, loop, lambda tokens, error: None)
+        assert isinstance(writer, LoopLedgerWriter)
+        # The commit log is gone while the batch commits (moved aside): it cannot land.
+        log_dir = os.path.join(path, "_delta_log")
+        os.rename(log_dir, log_dir + ".aside")
+        try:
+            futures = [loop.create_future() for _ in range(2)]
+            for future in futures:
+                writer.submit_events(_events("a", 3), future)
+            return list(await asyncio.gather(*futures, return_exceptions=True))
+        finally:
+            os.rename(log_dir + ".aside", log_dir)
+
+    outcomes = asyncio.run(scenario())
+    assert all(isinstance(o, QueueError) and o.code is ErrorCode.E_COMMIT_FAILED for o in outcomes)
+    assert read_ledger(path)[1] == 0
+
+
+def test_close_commits_pending_events_then_refuses_more(tmp_path: Path) -> None:
+    path = str(tmp_path / "ledger")
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        writer = open_ledger_writer(path, loop, lambda tokens, error: None)
+        assert isinstance(writer, LoopLedgerWriter)
+        future = loop.create_future()
+        writer.submit_events(_events("c", 4), future)
+        writer.close()
+        assert future.done() and future.exception() is None
+        with pytest.raises(WriterClosedError):
+            writer.submit_events(_events("d", 1), loop.create_future())
+
+    asyncio.run(scenario())
+    assert len(read_ledger(path)[0]) == 4
+
+
+def test_remote_or_unsupported_ledgers_keep_the_commit_thread(tmp_path: Path) -> None:
+    path = str(tmp_path / "ledger")
+    LedgerWriter(path, lambda tokens, error: None).close()
+    # A table feature the fast appender does not honour: delta-rs appends, from a thread.
+    DeltaTable(path).alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
+
+    async def scenario() -> None:
+        writer = open_ledger_writer(path, asyncio.get_running_loop(), lambda t, e: None)
+        assert isinstance(writer, LedgerWriter)
+        writer.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("renameat2", [True, False], ids=["renameat2", "link-fallback"])
+def test_move_if_absent_never_replaces(
+    tmp_path: Path, renameat2: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if renameat2 and put_if_absent._renameat2 is None:
+        pytest.skip("no renameat2 here")
+    if not renameat2:
+        monkeypatch.setattr(put_if_absent, "_renameat2", None)
+    first, second, target = tmp_path / "a", tmp_path / "b", tmp_path / "t"
+    first.write_bytes(b"first")
+    second.write_bytes(b"second")
+    assert move_if_absent(str(first), str(target))
+    assert not first.exists() and target.read_bytes() == b"first"
+    assert not move_if_absent(str(second), str(target))
+    assert second.read_bytes() == b"second" and target.read_bytes() == b"first"
