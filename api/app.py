@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from api import admin, consume, info, publish
-from api.fastpath import PublishFastPath
+from api.fastpath import FastPath
 from api.responses import error, from_queue_error
 from queue_engine import __version__
 from queue_engine.broker import Broker
@@ -63,6 +63,6 @@ def create_app(settings: Settings) -> FastAPI:
     return app
 
 
-def with_fast_path(app: FastAPI, settings: Settings) -> FastAPI | PublishFastPath:
-    """What uvicorn serves: the app, behind the publish fast path unless it is turned off."""
-    return PublishFastPath(app) if settings.http_fast_path else app
+def with_fast_path(app: FastAPI, settings: Settings) -> FastAPI | FastPath:
+    """What uvicorn serves: the app, behind the hot-path front door unless it is turned off."""
+    return FastPath(app) if settings.http_fast_path else app

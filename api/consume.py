@@ -3,22 +3,26 @@
 nsqd has no HTTP consumer API; this one keeps its vocabulary (SUB, RDY as ``max``, FIN, REQ,
 TOUCH, msg_timeout, attempts) and SQS's long polling. Every lease change is committed to the
 channel's ledger before the answer is sent.
+
+As for /pub, the logic (``subscribe``, ``answer``) takes query parameters and a body reader;
+the FastAPI routes below and the plain-ASGI ``api.fastpath`` both call it.
 """
 
 from __future__ import annotations
 
-import base64
+import binascii
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Query, Request, Response
 
-from api.body import read_limited
-from api.publish import first_values
-from api.responses import error_doc, ok_json, ok_text
+from api.publish import BodyReader, first_values, reader
+from api.responses import JSON_TYPE, NSQ_HEADER, error_doc, ok_text
 from api.state import broker_of
-from queue_engine.channel_queue import Answer, SettleError, lease_attempt
+from queue_engine.broker import Broker
+from queue_engine.channel_queue import Answer, Delivery, SettleError, lease_attempt
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.lease import EventKind
 from queue_engine.names import require_channel, require_topic
@@ -57,15 +61,65 @@ def _int(params: Mapping[str, str], name: str, default: int, low: int, high: int
     return number
 
 
-def _message(delivery: Any) -> dict[str, Any]:
+def _message(delivery: Delivery) -> dict[str, Any]:
     return {
         "id": delivery.id,
         "attempts": delivery.attempts,
         # nsqd's message timestamp: nanoseconds since the epoch, when it was published.
         "timestamp": delivery.published_at_us * 1000,
-        "body": base64.b64encode(delivery.body).decode(),
+        "body": binascii.b2a_base64(delivery.body, newline=False).decode(),
         "lease": delivery.lease,
     }
+
+
+async def subscribe(broker: Broker, params: Mapping[str, str], peer: str) -> bytes:
+    """GET /sub: the JSON answer, once messages are leased (and recorded) or the wait ran out."""
+    settings = broker.settings
+    topic_name = require_topic(params.get("topic"))
+    channel_name = require_channel(params.get("channel"))
+    limit = _int(params, "max", 1, 1, settings.max_rdy_count)
+    wait = _int(params, "wait_ms", DEFAULT_WAIT_MS, 0, MAX_WAIT_MS)
+    lease_ms = _int(
+        params,
+        "msg_timeout_ms",
+        settings.msg_timeout_ms,
+        MIN_MSG_TIMEOUT_MS,
+        settings.max_msg_timeout_ms,
+    )
+    name = params.get("consumer") or peer
+    if len(name) > MAX_CONSUMER_CHARS:
+        raise QueueError(ErrorCode.E_INVALID, "consumer name too long")
+    deliveries = await broker.subscribe(
+        topic_name,
+        channel_name,
+        limit=limit,
+        wait_s=wait / 1000,
+        lease_us=lease_ms * 1000,
+        consumer=name,
+    )
+    return orjson.dumps({"messages": [_message(d) for d in deliveries]})
+
+
+async def answer(
+    broker: Broker,
+    kind: EventKind,
+    params: Mapping[str, str],
+    query: Iterable[tuple[str, str]],
+    read: BodyReader,
+) -> None:
+    """POST /fin, /req, /touch: every id/lease pair (from ``query``, all query parameters in
+    order, and the body) settled in one ledger commit, or none (E_FIN_FAILED & co.)."""
+    topic_name = require_topic(params.get("topic"))
+    channel_name = require_channel(params.get("channel"))
+    delay_us = 0
+    if kind is EventKind.REQ:
+        delay_us = _delay_ms(params, broker.settings.max_req_timeout_ms) * 1000
+    body = await read(broker.settings.max_body_size_bytes, ErrorCode.BODY_TOO_BIG)
+    answers = _answers(query, body)
+    try:
+        await broker.settle(topic_name, channel_name, kind, answers, delay_us=delay_us)
+    except SettleError as exc:
+        raise QueueError(_FAILED[kind], str(exc), failed=exc.failed) from exc
 
 
 @router.get(
@@ -119,32 +173,8 @@ async def sub(
     msg_timeout_ms: Annotated[str | None, Query(description="Lease length")] = None,
     consumer: Annotated[str | None, Query(description="Name recorded as lease owner")] = None,
 ) -> Response:
-    broker = broker_of(request)
-    settings = broker.settings
-    params = first_values(request)
-    topic_name = require_topic(params.get("topic"))
-    channel_name = require_channel(params.get("channel"))
-    limit = _int(params, "max", 1, 1, settings.max_rdy_count)
-    wait = _int(params, "wait_ms", DEFAULT_WAIT_MS, 0, MAX_WAIT_MS)
-    lease_ms = _int(
-        params,
-        "msg_timeout_ms",
-        settings.msg_timeout_ms,
-        MIN_MSG_TIMEOUT_MS,
-        settings.max_msg_timeout_ms,
-    )
-    name = params.get("consumer") or _peer(request)
-    if len(name) > MAX_CONSUMER_CHARS:
-        raise QueueError(ErrorCode.E_INVALID, "consumer name too long")
-    deliveries = await broker.subscribe(
-        topic_name,
-        channel_name,
-        limit=limit,
-        wait_s=wait / 1000,
-        lease_us=lease_ms * 1000,
-        consumer=name,
-    )
-    return ok_json({"messages": [_message(d) for d in deliveries]})
+    body = await subscribe(broker_of(request), first_values(request), _peer(request))
+    return Response(body, media_type=JSON_TYPE, headers=NSQ_HEADER)
 
 
 def _peer(request: Request) -> str:
@@ -152,45 +182,43 @@ def _peer(request: Request) -> str:
     return f"{client.host}:{client.port}" if client else "unknown"
 
 
-async def _answers(request: Request) -> list[Answer]:
+def _answers(query: Iterable[tuple[str, str]], body: bytes) -> list[Answer]:
     """``id``/``lease`` pairs from the query string, then one ``ID LEASE`` per body line."""
-    ids = request.query_params.getlist("id")
-    leases = request.query_params.getlist("lease")
+    ids: list[str] = []
+    leases: list[str] = []
+    for key, value in query:
+        if key == "id":
+            ids.append(value)
+        elif key == "lease":
+            leases.append(value)
     if len(ids) != len(leases):
         raise QueueError(ErrorCode.E_INVALID, "every id needs a lease")
-    pairs = list(zip(ids, leases, strict=True))
-    limit = broker_of(request).settings.max_body_size_bytes
-    body = await read_limited(request, limit, ErrorCode.BODY_TOO_BIG)
+    answers = [Answer(message_id, lease) for message_id, lease in zip(ids, leases, strict=True)]
     for line in body.decode("utf-8", errors="replace").splitlines():
         fields = line.split()
         if not fields:
             continue
         if len(fields) != 2:
             raise QueueError(ErrorCode.E_INVALID, "each body line is: ID LEASE")
-        pairs.append((fields[0], fields[1]))
-    if not pairs:
+        answers.append(Answer(fields[0], fields[1]))
+    if not answers:
         raise QueueError(ErrorCode.E_INVALID, "no id and lease given")
-    for message_id, lease in pairs:
+    for message_id, lease in answers:
         if not _MESSAGE_ID.match(message_id):
             raise QueueError(ErrorCode.E_INVALID, f"invalid message id {message_id!r}")
         if lease_attempt(lease) is None:
             raise QueueError(ErrorCode.E_INVALID, f"invalid lease {lease!r}")
-    return [Answer(message_id, lease) for message_id, lease in pairs]
+    return answers
 
 
 async def _settle(request: Request, kind: EventKind) -> Response:
-    broker = broker_of(request)
-    params = first_values(request)
-    topic_name = require_topic(params.get("topic"))
-    channel_name = require_channel(params.get("channel"))
-    delay_us = 0
-    if kind is EventKind.REQ:
-        delay_us = _delay_ms(params, broker.settings.max_req_timeout_ms) * 1000
-    answers = await _answers(request)
-    try:
-        await broker.settle(topic_name, channel_name, kind, answers, delay_us=delay_us)
-    except SettleError as exc:
-        raise QueueError(_FAILED[kind], str(exc), failed=exc.failed) from exc
+    await answer(
+        broker_of(request),
+        kind,
+        first_values(request),
+        request.query_params.multi_items(),
+        reader(request),
+    )
     return ok_text()
 
 

@@ -1,9 +1,9 @@
-"""A plain ASGI front door for POST /pub and /mpub.
+"""A plain ASGI front door for the hot paths: POST /pub /mpub /fin /req /touch, GET /sub.
 
 FastAPI's routing, dependency solving and middleware stack cost ~100 us per request, as much as
-the publish itself; on the hottest path that halves throughput. This handler parses the query
-and body directly and calls the same ``api.publish`` functions as the FastAPI routes; anything
-else goes on to FastAPI.
+a publish itself; on the hottest paths that halves throughput. This handler parses the query
+and body directly and calls the same functions as the FastAPI routes (``api.publish``,
+``api.consume``); anything else goes on to FastAPI.
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from urllib.parse import parse_qsl
 
 from fastapi import FastAPI
 
+from api.consume import answer, subscribe
 from api.publish import mpub, pub
-from api.responses import STATUS, error_body
+from api.responses import STATUS, error_body, failed_body
 from queue_engine.broker import Broker
 from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.lease import EventKind
 
 log = logging.getLogger(__name__)
 
@@ -34,28 +36,37 @@ _OK_START = {
     "headers": [(b"content-type", b"text/plain; charset=utf-8"), _NSQ, (b"content-length", b"2")],
 }
 _OK_BODY = {"type": "http.response.body", "body": b"OK"}
-_PATHS = {"/pub", "/mpub"}
+_JSON = (b"content-type", b"application/json; charset=utf-8")
+_ROUTES = {
+    ("POST", "/pub"),
+    ("POST", "/mpub"),
+    ("GET", "/sub"),
+    ("POST", "/fin"),
+    ("POST", "/req"),
+    ("POST", "/touch"),
+}
+_ANSWERS = {"/fin": EventKind.FIN, "/req": EventKind.REQ, "/touch": EventKind.TOUCH}
 
 
 class _Disconnected(Exception):
     pass
 
 
-class PublishFastPath:
-    """ASGI middleware: serve POST /pub and /mpub itself, pass everything else to ``app``."""
+class FastPath:
+    """ASGI middleware: serve the hot routes itself, pass everything else to ``app``."""
 
     def __init__(self, app: FastAPI) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] not in _PATHS or scope["method"] != "POST":
+        if scope["type"] != "http" or (scope["method"], scope["path"]) not in _ROUTES:
             await self.app(scope, receive, send)
             return
         broker: Broker = self.app.state.broker
+        path = scope["path"]
+        query = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
         params: dict[str, str] = {}
-        for key, value in parse_qsl(
-            scope["query_string"].decode("latin-1"), keep_blank_values=True
-        ):
+        for key, value in query:
             params.setdefault(key, value)
         content_length: int | None = None
         for name, value in scope["headers"]:
@@ -80,27 +91,40 @@ class PublishFastPath:
                 if not message.get("more_body", False):
                     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
+        json: bytes | None = None
         try:
-            if scope["path"] == "/pub":
+            if path == "/pub":
                 await pub(broker, params, read)
-            else:
+            elif path == "/mpub":
                 await mpub(broker, params, read, content_length)
+            elif path == "/sub":
+                client = scope.get("client")
+                peer = f"{client[0]}:{client[1]}" if client else "unknown"
+                json = await subscribe(broker, params, peer)
+            else:
+                await answer(broker, _ANSWERS[path], params, query, read)
         except QueueError as exc:
-            body = error_body(exc.code)
+            body = error_body(exc.code) if exc.failed is None else failed_body(exc.code, exc.failed)
             await send(
                 {
                     "type": "http.response.start",
                     "status": STATUS[exc.code],
-                    "headers": [
-                        (b"content-type", b"application/json; charset=utf-8"),
-                        _NSQ,
-                        (b"content-length", str(len(body)).encode()),
-                    ],
+                    "headers": [_JSON, _NSQ, (b"content-length", str(len(body)).encode())],
                 }
             )
             await send({"type": "http.response.body", "body": body})
             return
         except _Disconnected:
             return
-        await send(_OK_START)
-        await send(_OK_BODY)
+        if json is None:
+            await send(_OK_START)
+            await send(_OK_BODY)
+            return
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [_JSON, _NSQ, (b"content-length", str(len(json)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": json})

@@ -100,7 +100,7 @@ def first_values(request: Request) -> dict[str, str]:
     return params
 
 
-def _reader(request: Request) -> BodyReader:
+def reader(request: Request) -> BodyReader:
     async def read(limit: int, code: ErrorCode) -> bytes:
         return await read_limited(request, limit, code)
 
@@ -135,7 +135,7 @@ async def pub_route(
     topic: TopicParam = None,
     defer: Annotated[str | None, Query(description="Delay in ms before delivery")] = None,
 ) -> Response:
-    await pub(broker_of(request), first_values(request), _reader(request))
+    await pub(broker_of(request), first_values(request), reader(request))
     return ok_text()
 
 
@@ -172,7 +172,7 @@ async def mpub_route(
     await mpub(
         broker_of(request),
         first_values(request),
-        _reader(request),
+        reader(request),
         int(length) if length is not None else None,
     )
     return ok_text()

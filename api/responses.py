@@ -60,13 +60,16 @@ def error_body(code: ErrorCode) -> bytes:
     return json.dumps({"message": str(code)}, separators=(",", ":")).encode()
 
 
+def failed_body(code: ErrorCode, failed: list[str]) -> bytes:
+    """The error body of a batch FIN/REQ/TOUCH: also lists the message ids it refused."""
+    return json.dumps({"message": str(code), "failed": failed}, separators=(",", ":")).encode()
+
+
 def error(
     code: ErrorCode, headers: dict[str, str] | None = None, failed: list[str] | None = None
 ) -> Response:
     """nsqd's error answer; ``failed`` lists the message ids a batch FIN/REQ/TOUCH refused."""
-    body = error_body(code)
-    if failed is not None:
-        body = json.dumps({"message": str(code), "failed": failed}, separators=(",", ":")).encode()
+    body = error_body(code) if failed is None else failed_body(code, failed)
     return Response(
         body,
         status_code=STATUS[code],

@@ -17,13 +17,12 @@ import re
 import secrets
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from queue_engine.lease import EventKind, LeaseEvent, MessageState, apply, initial
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
+class Delivery(NamedTuple):
     """A message handed to a consumer, with what it needs to answer."""
 
     id: str
@@ -33,8 +32,7 @@ class Delivery:
     lease: str
 
 
-@dataclass(frozen=True, slots=True)
-class Answer:
+class Answer(NamedTuple):
     """One FIN/REQ/TOUCH target: a message id and the lease the consumer holds."""
 
     id: str

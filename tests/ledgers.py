@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import pyarrow as pa
 from hypothesis import strategies as st
@@ -106,7 +106,7 @@ _NOT_STATE = {"id", "status", "published_at", "topic_version", "ledger_version",
 
 
 def _finished(state: MessageState) -> MessageState:
-    return replace(state, finished=True, in_flight=False, timed_out=False)
+    return state._replace(finished=True, in_flight=False, timed_out=False)
 
 
 def comparable(
