@@ -201,31 +201,33 @@ class ChannelQueue:
         deliveries: list[Delivery] = []
         events: list[LeaseEvent] = []
         skipped: list[str] = []
-        while len(deliveries) < limit and self._ready:
-            message_id = self._ready.popleft()
-            state = self.states.get(message_id)
-            if state is None or message_id in self.in_flight or message_id in self.deferred:
+        # Locals: this loop runs once per message delivered.
+        ready, states, bodies = self._ready, self.states, self._bodies
+        in_flight, deferred, expiries = self.in_flight, self.deferred, self._expiries
+        expires_at = at + lease_us
+        while len(deliveries) < limit and ready:
+            message_id = ready.popleft()
+            state = states.get(message_id)
+            if state is None or message_id in in_flight or message_id in deferred:
                 continue  # a stale FIFO entry
-            body = self._bodies.get(message_id)
+            body = bodies.get(message_id)
             if body is None:
                 skipped.append(message_id)  # its row is not loaded yet
                 continue
             attempt = state.attempts + 1
+            lease = new_lease(attempt)
             event = LeaseEvent(
-                message_id,
-                EventKind.DELIVER,
-                attempt,
-                at,
-                lease=new_lease(attempt),
-                lease_expires_at_us=at + lease_us,
-                consumer=consumer,
+                message_id, EventKind.DELIVER, attempt, at, lease, expires_at, None, consumer
             )
             after = apply(state, event)
             if after is state:
                 continue
-            self._set(message_id, after, now_us)
+            # What _set does for a message going from ready to in flight.
+            states[message_id] = after
+            in_flight.add(message_id)
+            heapq.heappush(expiries, (expires_at, message_id, attempt))
             events.append(event)
-            deliveries.append(Delivery(message_id, attempt, body[1], body[0], event.lease or ""))
+            deliveries.append(Delivery(message_id, attempt, body[1], body[0], lease))
         self._ready.extendleft(reversed(skipped))
         self.body_wanted.update(skipped)
         return deliveries, events
@@ -245,28 +247,22 @@ class ChannelQueue:
         pending: dict[str, MessageState] = {}
         events: list[LeaseEvent] = []
         failed: list[str] = []
-        for answer in answers:
-            state = pending.get(answer.id) or self.states.get(answer.id)
-            attempt = lease_attempt(answer.lease)
+        states = self.states
+        touch = kind is EventKind.TOUCH
+        deliver_at = at + delay_us if kind is EventKind.REQ and delay_us > 0 else None
+        for message_id, lease in answers:
+            state = pending.get(message_id) or states.get(message_id)
+            attempt = lease_attempt(lease)
             if state is None or attempt is None:
-                failed.append(answer.id)
+                failed.append(message_id)
                 continue
-            event = LeaseEvent(
-                answer.id,
-                kind,
-                attempt,
-                at,
-                lease=answer.lease,
-                lease_expires_at_us=self._touched_until(state, at, lease_us, max_lease_us)
-                if kind is EventKind.TOUCH
-                else None,
-                deliver_at_us=at + delay_us if kind is EventKind.REQ and delay_us > 0 else None,
-            )
+            expires = self._touched_until(state, at, lease_us, max_lease_us) if touch else None
+            event = LeaseEvent(message_id, kind, attempt, at, lease, expires, deliver_at, None)
             after = apply(state, event)
             if after is state:
-                failed.append(answer.id)
+                failed.append(message_id)
                 continue
-            pending[answer.id] = after
+            pending[message_id] = after
             events.append(event)
         if failed:
             raise SettleError(failed)
