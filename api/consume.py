@@ -240,6 +240,7 @@ _ANSWER_ERRORS = (
     ErrorCode.TOPIC_NOT_FOUND,
     ErrorCode.CHANNEL_NOT_FOUND,
     ErrorCode.E_INVALID,
+    ErrorCode.BODY_TOO_BIG,
     ErrorCode.E_COMMIT_FAILED,
 )
 _BATCH = (

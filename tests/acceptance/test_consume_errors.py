@@ -61,6 +61,8 @@ def test_bad_answers(client: httpx.Client) -> None:
         ("/fin", {**base, "id": "0123456789abcdef"}, b"", 400, "E_INVALID"),
         ("/fin", base, b"", 400, "E_INVALID"),
         ("/fin", base, b"0123456789abcdef\n", 400, "E_INVALID"),
+        # Over the server's max_body_size_bytes (4096 here).
+        ("/fin", base, b"0123456789abcdef 1-0123456789ab\n" * 200, 413, "BODY_TOO_BIG"),
         (
             "/req",
             {**base, "delay_ms": "soon"},
