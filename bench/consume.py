@@ -32,6 +32,7 @@ from procs import (  # noqa: E402
     HOST,
     api_process,
     fanout_process,
+    file_create_us,
     free_port,
     post,
     publish_timestamps,
@@ -71,6 +72,7 @@ def _consumer(port: int, topic: str, channel: str, deadline: float, out: mp.Queu
 def throughput(backlog: int, consumers: list[int]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         wh = Path(tmp) / "wh"
+        create_us = file_create_us(Path(tmp))
         port = free_port()
         api = api_process(wh, port)
         try:
@@ -108,7 +110,7 @@ def throughput(backlog: int, consumers: list[int]) -> None:
                     f"consume {published:,} msgs, {n} consumer(s), /sub max=100 + batch /fin: "
                     f"{total / elapsed:,.0f} msg/s ({total:,} FIN'd in {elapsed:.1f} s; depth "
                     f"{stats['depth']}, in flight {stats['in_flight_count']}); API RSS "
-                    f"{process.memory_info().rss / 2**20:,.0f} MiB"
+                    f"{process.memory_info().rss / 2**20:,.0f} MiB; file create {create_us:.0f} us"
                 )
         finally:
             stop(api)
@@ -117,6 +119,7 @@ def throughput(backlog: int, consumers: list[int]) -> None:
 def latency(rate: int, seconds: float, warmup: float) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         wh = Path(tmp) / "wh"
+        create_us = file_create_us(Path(tmp))
         port = free_port()
         api = api_process(wh, port)
         fanout = fanout_process(wh)
@@ -169,7 +172,7 @@ def latency(rate: int, seconds: float, warmup: float) -> None:
             print(
                 f"publish -> delivered to a consumer, {rate} msg/s for {seconds:.0f} s: "
                 f"p50 {p(0.5):.0f} ms, p99 {p(0.99):.0f} ms, max {ordered[-1]:.0f} ms "
-                f"({len(ordered)}/{sent} delivered)"
+                f"({len(ordered)}/{sent} delivered; file create {create_us:.0f} us)"
             )
         finally:
             stop(fanout, group=True)

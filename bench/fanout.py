@@ -31,6 +31,7 @@ from procs import (  # noqa: E402
     HOST,
     api_process,
     fanout_process,
+    file_create_us,
     free_port,
     post,
     publish_timestamps,
@@ -43,6 +44,7 @@ from queue_engine.store.commit_log import added_files, latest_version  # noqa: E
 def latency(rate: int, seconds: float, warmup: float) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         wh = Path(tmp) / "wh"
+        create_us = file_create_us(Path(tmp))
         port = free_port()
         api = api_process(wh, port)
         fanout = None
@@ -94,7 +96,7 @@ def latency(rate: int, seconds: float, warmup: float) -> None:
             print(
                 f"publish -> channel row visible, {rate} msg/s for {seconds:.0f} s: "
                 f"p50 {p(0.5):.0f} ms, p99 {p(0.99):.0f} ms, max {samples[-1]:.0f} ms "
-                f"({len(samples)}/{sent} seen)"
+                f"({len(samples)}/{sent} seen; file create {create_us:.0f} us)"
             )
         finally:
             if fanout is not None:
