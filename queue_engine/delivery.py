@@ -312,7 +312,7 @@ class ChannelRuntime:
         seen = self._ledger_seen
         while os.path.exists(f"{base}/{commit_file(self._ledger_seen + 1)}"):
             version = self._ledger_seen + 1
-            if not self._writer.is_own(version) and is_sweep_commit(base, version):
+            if version not in self._writer.own and is_sweep_commit(base, version):
                 events = await asyncio.to_thread(read_versions, base, version - 1, version)
                 if self._broken or self.closed:
                     return
@@ -329,7 +329,7 @@ class ChannelRuntime:
                     await self.wake()
             self._ledger_seen = version
         if self._ledger_seen != seen:
-            self._writer.forget_own_through(self._ledger_seen)
+            self._writer.own.forget_through(self._ledger_seen)
 
     async def poll(self) -> None:
         """Read the versions the fanout committed since the last poll."""

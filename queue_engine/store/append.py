@@ -93,10 +93,11 @@ class DeltaRsAppender:
 class LocalAppender:
     """Blind appends on a local filesystem: one Parquet file + one put-if-absent log entry."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, version: int | None = None) -> None:
+        """``version``: the table's latest version, when the caller has just loaded it."""
         self.path = os.path.abspath(path)
         self._log_dir = os.path.join(self.path, "_delta_log")
-        self._next_version = DeltaTable(path).version() + 1
+        self._next_version = (DeltaTable(path).version() if version is None else version) + 1
         self._spares = SpareFiles(self.path)
 
     def reopen(self) -> None:

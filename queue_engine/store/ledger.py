@@ -114,31 +114,40 @@ def is_sweep_commit(path: str, version: int) -> bool:
     return bool(info.get(WRITER_KEY) == SWEEP_WRITER)
 
 
+class OwnVersions:
+    """The ledger versions a writer committed itself: a follower of the ledger (looking for the
+    sweep's commits) skips them. Thread-safe: the threaded writer adds from its commit thread."""
+
+    def __init__(self) -> None:
+        self._versions: set[int] = set()
+        self._lock = threading.Lock()
+
+    def add(self, version: int) -> None:
+        with self._lock:
+            self._versions.add(version)
+
+    def __contains__(self, version: object) -> bool:
+        with self._lock:
+            return version in self._versions
+
+    def forget_through(self, version: int) -> None:
+        """The follower has passed ``version``: versions up to there are not needed."""
+        with self._lock:
+            self._versions = {v for v in self._versions if v > version}
+
+
 class LedgerWriter(GroupCommitter[list[LeaseEvent]]):
     """Appends lease events to one channel's ledger, many requests per Delta commit."""
 
     def __init__(self, path: str, notify: Notify, *, name: str = "") -> None:
         open_or_create(path, LEDGER_SCHEMA)
-        # Versions this writer committed: a follower of the ledger skips them.
-        self._own: set[int] = set()
-        self._own_lock = threading.Lock()
+        self.own = OwnVersions()
         super().__init__(path, notify, commit_max_bytes=64 * 1024 * 1024, name=name)
         self._start()
-
-    def is_own(self, version: int) -> bool:
-        with self._own_lock:
-            return version in self._own
-
-    def forget_own_through(self, version: int) -> None:
-        """The follower has passed ``version``: its own versions up to there are not needed."""
-        with self._own_lock:
-            self._own = {v for v in self._own if v > version}
 
     def submit_events(self, events: list[LeaseEvent], token: object) -> None:
         self.submit(events, len(events) * EVENT_BYTES, token)
 
     def _commit(self, batch: list[list[LeaseEvent]]) -> None:
         events = [event for events in batch for event in events]
-        version = self._append(events_to_arrow(events))
-        with self._own_lock:
-            self._own.add(version)
+        self.own.add(self._append(events_to_arrow(events)))

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections import deque
 
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.lease import LeaseEvent
@@ -26,7 +24,7 @@ from queue_engine.store.append import (
     fast_path_allowed,
 )
 from queue_engine.store.group_commit import Notify, WriterClosedError
-from queue_engine.store.ledger import LedgerWriter, events_to_arrow
+from queue_engine.store.ledger import LedgerWriter, OwnVersions, events_to_arrow
 from queue_engine.store.tables import LEDGER_SCHEMA, open_or_create
 
 log = logging.getLogger(__name__)
@@ -35,20 +33,20 @@ log = logging.getLogger(__name__)
 class LoopLedgerWriter:
     """One channel's ledger writer, committing on the event loop it was created for."""
 
-    def __init__(self, path: str, loop: asyncio.AbstractEventLoop, *, name: str = "") -> None:
-        open_or_create(path, LEDGER_SCHEMA)
+    def __init__(
+        self, path: str, loop: asyncio.AbstractEventLoop, *, version: int, name: str = ""
+    ) -> None:
+        """``version``: the ledger's latest version (``open_ledger_writer`` has loaded it)."""
         self.path = path
         self.name = name or path
         self._loop = loop
-        self._appender: Appender = LocalAppender(path)
+        self._appender: Appender = LocalAppender(path, version)
         self._pending: list[tuple[list[LeaseEvent], asyncio.Future[None]]] = []
         self._scheduled = False
         self._closed = False
         # Set by the maintenance thread after a checkpoint; read before the next commit.
         self._reopen_requested = False
-        # Versions this writer committed: a follower of the ledger skips them.
-        self._own: set[int] = set()
-        self.commit_seconds: deque[float] = deque(maxlen=1000)
+        self.own = OwnVersions()
 
     def submit_events(self, events: list[LeaseEvent], future: asyncio.Future[None]) -> None:
         """Queue ``events`` for this iteration's commit; ``future`` resolves when it landed."""
@@ -58,12 +56,6 @@ class LoopLedgerWriter:
         if not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self._flush)
-
-    def is_own(self, version: int) -> bool:
-        return version in self._own
-
-    def forget_own_through(self, version: int) -> None:
-        self._own = {v for v in self._own if v > version}
 
     def request_reopen(self) -> None:
         self._reopen_requested = True
@@ -79,7 +71,6 @@ class LoopLedgerWriter:
         batch, self._pending = self._pending, []
         if not batch:
             return
-        started = time.perf_counter()
         error: QueueError | None = None
         try:
             if self._reopen_requested:
@@ -87,11 +78,10 @@ class LoopLedgerWriter:
                 self._appender.reopen()
             table = events_to_arrow([event for events, _ in batch for event in events])
             self._appender, version = append_or_fall_back(self._appender, self.path, table)
-            self._own.add(version)
+            self.own.add(version)
         except Exception as exc:  # reported to every request of the batch
             log.exception("commit to %s failed (%d requests)", self.name, len(batch))
             error = QueueError(ErrorCode.E_COMMIT_FAILED, str(exc))
-        self.commit_seconds.append(time.perf_counter() - started)
         for _, future in batch:
             if future.done():
                 continue
@@ -106,7 +96,7 @@ def open_ledger_writer(
 ) -> LoopLedgerWriter | LedgerWriter:
     """The writer for a channel's ledger (blocking: call it off the loop): on the loop where the
     fast local appender applies, else the threaded one (``notify`` resolves its futures)."""
-    open_or_create(path, LEDGER_SCHEMA)
-    if fast_path_allowed(path):
-        return LoopLedgerWriter(path, loop, name=name)
+    dt = open_or_create(path, LEDGER_SCHEMA)
+    if fast_path_allowed(path, dt):
+        return LoopLedgerWriter(path, loop, version=dt.version(), name=name)
     return LedgerWriter(path, notify, name=name)
