@@ -44,6 +44,21 @@ class CompactionConflict(RuntimeError):
     """Another writer removed an input file, or changed the table's metadata or protocol."""
 
 
+def small_files(dt: DeltaTable, target_file_bytes: int) -> list[tuple[str, int]]:
+    """(path, size) of the table's files under half ``target_file_bytes``, in log order: the
+    files compaction rewrites (and whose count decides whether it runs)."""
+    actions = pa.table(dt.get_add_actions(flatten=False))
+    if actions.num_rows == 0:
+        return []
+    return [
+        (str(path), int(size))
+        for path, size in zip(
+            actions["path"].to_pylist(), actions["size_bytes"].to_pylist(), strict=True
+        )
+        if int(size) < target_file_bytes // 2
+    ]
+
+
 def compact_small_files(
     path: str, dt: DeltaTable, target_file_bytes: int, max_files: int = 5_000
 ) -> Compacted | None:
@@ -52,14 +67,7 @@ def compact_small_files(
     when fewer than two qualify. Raises CompactionConflict when another writer got in the way
     (then nothing was committed)."""
     root = os.path.abspath(path)
-    actions = pa.table(dt.get_add_actions(flatten=False))
-    small = [
-        (str(path), int(size))
-        for path, size in zip(
-            actions["path"].to_pylist(), actions["size_bytes"].to_pylist(), strict=True
-        )
-        if int(size) < target_file_bytes // 2
-    ][:max_files]
+    small = small_files(dt, target_file_bytes)[:max_files]
     if len(small) < 2:
         return None
     inputs = {path for path, _ in small}

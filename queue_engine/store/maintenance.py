@@ -15,14 +15,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from queue_engine.settings import Settings
 from queue_engine.store.append import fast_path_allowed
 from queue_engine.store.commit_log import latest_version
-from queue_engine.store.compaction import compact_small_files
+from queue_engine.store.compaction import compact_small_files, small_files
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +122,8 @@ class Maintenance:
         dt = DeltaTable(path)
         if checkpoint_due:
             due = time.monotonic() - upkeep.last_compaction_s >= self.policy.compact_interval_s
-            if due and self._small_files(dt) >= self.policy.compact_min_small_files:
+            target = self.policy.compact_target_file_bytes
+            if due and len(small_files(dt, target)) >= self.policy.compact_min_small_files:
                 summary = self._compact(path, dt)
                 upkeep.last_compaction_s = time.monotonic()
                 self.compactions += 1
@@ -134,7 +133,7 @@ class Maintenance:
                     summary,
                     (time.perf_counter() - started) * 1000,
                 )
-                dt = DeltaTable(path)
+                dt.update_incremental()  # just the compaction's commit, not the whole log
             dt.create_checkpoint()
             upkeep.last_checkpoint_version = dt.version()
             upkeep.last_checkpoint_s = time.monotonic()
@@ -165,13 +164,6 @@ class Maintenance:
             return "nothing" if done is None else f"{done.files_removed} files -> 1"
         # One task: upkeep must leave the other cores to the queue it maintains.
         return _summary(dt.optimize.compact(target_size=target, max_concurrent_tasks=1))
-
-    def _small_files(self, dt: DeltaTable) -> int:
-        actions = pa.table(dt.get_add_actions(flatten=False))
-        if actions.num_rows == 0:
-            return 0
-        small = pc.less(actions["size_bytes"], self.policy.compact_target_file_bytes // 2)
-        return int(pc.sum(small).as_py() or 0)
 
 
 def _summary(metrics: object) -> str:
