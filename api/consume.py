@@ -48,14 +48,21 @@ Topic = Annotated[str | None, Query(description="Topic name")]
 Channel = Annotated[str | None, Query(description="Channel name")]
 
 
-def _int(params: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
-    """An integer parameter in low..high, else E_INVALID (nsqd's word for a bad number)."""
+def _integer(params: Mapping[str, str], name: str) -> int | None:
+    """An integer parameter (None when absent or empty), else E_INVALID (nsqd's word)."""
     value = params.get(name)
     if value is None or value == "":
-        return default
+        return None
     if not _INTEGER.match(value):
         raise QueueError(ErrorCode.E_INVALID, f"{name}={value!r} is not an integer")
-    number = int(value)
+    return int(value)
+
+
+def _int(params: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    """An integer parameter in low..high, else E_INVALID."""
+    number = _integer(params, name)
+    if number is None:
+        return default
     if not low <= number <= high:
         raise QueueError(ErrorCode.E_INVALID, f"{name}={number} is outside {low}..{high}")
     return number
@@ -224,12 +231,7 @@ async def _settle(request: Request, kind: EventKind) -> Response:
 
 def _delay_ms(params: Mapping[str, str], max_ms: int) -> int:
     """REQ's delay: an integer, clamped to 0..max_req_timeout as nsqd clamps it."""
-    value = params.get("delay_ms")
-    if value is None or value == "":
-        return 0
-    if not _INTEGER.match(value):
-        raise QueueError(ErrorCode.E_INVALID, f"delay_ms={value!r} is not an integer")
-    return min(max(int(value), 0), max_ms)
+    return min(max(_integer(params, "delay_ms") or 0, 0), max_ms)
 
 
 _ANSWER_ERRORS = (
