@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -225,6 +226,21 @@ def test_fast_path_only_for_plain_local_tables(tmp_path: Path) -> None:
     assert isinstance(appender_for(cdf), DeltaRsAppender)
 
 
+def _policy(**changes: Any) -> MaintenancePolicy:
+    """Upkeep that is due after 5 commits; compaction only past 1,000 small files unless
+    ``changes`` say otherwise."""
+    base = MaintenancePolicy(
+        checkpoint_interval_commits=5,
+        compact_min_small_files=1_000,
+        compact_target_file_bytes=1 << 20,
+        compact_interval_s=0,
+        vacuum_retention_hours=168,
+        vacuum_interval_s=3600,
+        interval_ms=10,
+    )
+    return dataclasses.replace(base, **changes)
+
+
 def test_maintenance_checkpoints_compacts_and_keeps_old_versions_readable(tmp_path: Path) -> None:
     path = str(tmp_path / "t")
     open_or_create(path, TOPIC_SCHEMA)
@@ -235,16 +251,7 @@ def test_maintenance_checkpoints_compacts_and_keeps_old_versions_readable(tmp_pa
     old_rows = DeltaTable(path, version=old_version).to_pyarrow_table().num_rows
     reopened: list[str] = []
     m = Maintenance(
-        MaintenancePolicy(
-            checkpoint_interval_commits=5,
-            compact_min_small_files=10,
-            compact_target_file_bytes=1 << 20,
-            compact_interval_s=0,
-            vacuum_retention_hours=168,
-            vacuum_interval_s=0,
-            interval_ms=10,
-        ),
-        on_checkpoint=reopened.append,
+        _policy(compact_min_small_files=10, vacuum_interval_s=0), on_checkpoint=reopened.append
     )
     m.upkeep(path)
     assert m.compactions == 1 and m.checkpoints == 1 and reopened == [path]
@@ -264,18 +271,7 @@ def test_checkpoints_wait_for_the_minimum_interval(tmp_path: Path) -> None:
     path = str(tmp_path / "t")
     open_or_create(path, TOPIC_SCHEMA)
     fast = LocalAppender(path)
-    m = Maintenance(
-        MaintenancePolicy(
-            checkpoint_interval_commits=5,
-            compact_min_small_files=1_000,
-            compact_target_file_bytes=1 << 20,
-            compact_interval_s=0,
-            vacuum_retention_hours=168,
-            vacuum_interval_s=3600,
-            interval_ms=10,
-            checkpoint_min_interval_s=3600,
-        )
-    )
+    m = Maintenance(_policy(checkpoint_min_interval_s=3600))
     for round_ in range(3):
         for i in range(10):
             fast.append(_batch(1, round_ * 10 + i))
