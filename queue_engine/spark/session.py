@@ -51,8 +51,10 @@ def build_session(master: str | None = None, app_name: str = "deltaq") -> SparkS
             .config("spark.sql.streaming.checkpointFileManagerClass", _CHECKPOINT_MANAGER)
         )
         if local:
-            builder = builder.config("spark.driver.host", "127.0.0.1").config(
-                "spark.driver.bindAddress", "127.0.0.1"
+            builder = (
+                builder.config("spark.driver.host", "127.0.0.1")
+                .config("spark.driver.bindAddress", "127.0.0.1")
+                .config("spark.driver.extraJavaOptions", local_java_options())
             )
     spark = builder.getOrCreate()
     register(spark)
@@ -60,6 +62,19 @@ def build_session(master: str | None = None, app_name: str = "deltaq") -> SparkS
         "Spark %s (%s); Delta engine: %s", spark.version, spark.sparkContext.master, engine(spark)
     )
     return spark
+
+
+# The JVM's optimising compiler (C2) off in local mode: on two cores its compiler threads
+# competed with the micro-batches for the first ~10 s of a stream and recompiled now and then
+# afterwards; with the quick compiler (C1) alone the fanout's publish -> channel latency went
+# from p50 ~240 / p99 ~800 ms to p50 ~110 / p99 ~250 ms, and a 1.1M-message backlog moved
+# faster too (18.3 s vs 25.3 s wall). A cluster master keeps the JVM's defaults.
+LOCAL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+
+
+def local_java_options() -> str:
+    """The local driver JVM's options: ``DELTAQ_SPARK_JAVA_OPTIONS`` or LOCAL_JAVA_OPTIONS."""
+    return os.environ.get("DELTAQ_SPARK_JAVA_OPTIONS", LOCAL_JAVA_OPTIONS)
 
 
 def _inside_spark_submit() -> bool:
