@@ -27,12 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     from jobs.sweep import run_every
-    from queue_engine.spark.fanout_stream import start_fanout
+    from queue_engine.spark.fanout_stream import channel_format_for, start_fanout
     from queue_engine.spark.session import build_session
     from queue_engine.store.tables import Warehouse
 
     spark = build_session(args.master, "deltaq-jobs")
-    query = start_fanout(spark, Warehouse(args.warehouse), once=False)
+    query = start_fanout(
+        spark, Warehouse(args.warehouse), once=False, channel_format=channel_format_for(spark)
+    )
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -10,6 +10,8 @@ from types import FrameType
 
 
 def main(argv: list[str] | None = None) -> int:
+    from queue_engine.fanout import CHANNEL_WRITES
+
     parser = argparse.ArgumentParser(prog="deltaq fanout", description=__doc__)
     parser.add_argument("--warehouse", required=True)
     parser.add_argument(
@@ -20,12 +22,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", help="default: <warehouse>/_checkpoints/fanout")
     parser.add_argument("--master", help="Spark master (default local[2], or spark-submit's)")
     parser.add_argument("--max-files-per-trigger", type=int, default=200)
+    parser.add_argument(
+        "--channel-writes",
+        default="auto",
+        choices=CHANNEL_WRITES,
+        help="driver: collect each micro-batch and append through delta-rs (lowest latency); "
+        "delta/deltaq: Spark's writer of that format; auto (default): delta where "
+        "delta-spark's jars load, else driver",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
 
-    from queue_engine.spark.fanout_stream import start_fanout
+    from queue_engine.spark.fanout_stream import channel_format_for, start_fanout
     from queue_engine.spark.session import build_session
     from queue_engine.store.tables import Warehouse
 
@@ -36,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         once=args.once,
         checkpoint=args.checkpoint,
         max_files_per_trigger=args.max_files_per_trigger,
+        channel_format=channel_format_for(spark, args.channel_writes),
     )
 
     def stop(signum: int, frame: FrameType | None) -> None:

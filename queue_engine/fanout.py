@@ -14,6 +14,9 @@ import pyarrow.compute as pc
 from queue_engine.registry import Registry
 
 CHANNEL_COLUMNS = ("id", "body", "published_at", "deliver_at", "topic_version")
+# How the fanout job writes channel rows (``deltaq fanout --channel-writes``): see
+# queue_engine.spark.fanout_stream.
+CHANNEL_WRITES = ("auto", "driver", "delta", "deltaq")
 
 
 def route(rows: pa.Table, registry: Registry) -> dict[tuple[str, str], pa.Table]:

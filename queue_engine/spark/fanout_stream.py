@@ -3,6 +3,16 @@
 Exactly once: Spark's checkpoint replays an unfinished micro-batch with the same offsets, the
 registry routes it the same way (queue_engine.fanout), and each channel append carries the
 app transaction ("deltaq-fanout", batch id), so a channel that already has the batch skips it.
+
+Two ways to write a micro-batch's channel rows:
+- on the driver (the default here): the batch collected as Arrow, routed, and each channel's
+  rows appended through delta-rs. Lowest latency; a batch is capped (maxRowsPerTrigger) to fit
+  the driver.
+- by Spark's writer (``channel_format``): each channel's rows selected with DataFrame filters
+  and written with ``df.write.format(channel_format)`` and the app transaction as delta-spark's
+  ``txnAppId``/``txnVersion``: executors write, nothing is collected. The default where
+  delta-spark's jars load ("delta"); ``format("deltaq")`` takes the same options, which is how
+  this path is tested here.
 """
 
 from __future__ import annotations
@@ -13,10 +23,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
-from queue_engine.fanout import route
+from queue_engine.fanout import CHANNEL_COLUMNS, CHANNEL_WRITES, route
 from queue_engine.registry import ChannelInfo, Registry
+from queue_engine.spark.session import Engine, engine
 from queue_engine.store.append_once import IdempotentAppender
 from queue_engine.store.registry_store import RegistryReader
 from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, Warehouse, open_or_create
@@ -93,6 +105,73 @@ def fanout_batch(
     return written
 
 
+def fanout_batch_by_spark(
+    df: DataFrame,
+    batch_id: int,
+    registry_reader: RegistryReader,
+    warehouse: Warehouse,
+    channel_format: str,
+) -> int:
+    """Write one micro-batch into the channel tables with Spark's writer; return the number of
+    channel tables written."""
+    started = time.perf_counter()
+    registry = registry_reader.get()
+    # Read once, written to several channels (Spark's advice for foreachBatch fanouts).
+    df.persist()
+    try:
+        # The batch's topics and newest version each: which channels get rows at all.
+        newest = {
+            row["topic"]: row["newest"]
+            for row in df.groupBy("topic").agg(F.max("topic_version").alias("newest")).collect()
+        }
+        written = 0
+        for topic in sorted(newest):
+            info = registry.topics.get(topic)
+            if info is None:
+                continue  # deleted meanwhile: nobody receives its messages
+            for name, channel in sorted(info.channels.items()):
+                # queue_engine.fanout.route's rule: rows after the channel's start version.
+                if newest[topic] <= channel.start_version:
+                    continue
+                path = warehouse.channel_messages_path(topic, name)
+                open_or_create(path, CHANNEL_MESSAGES_SCHEMA)
+                (
+                    df.filter(
+                        (F.col("topic") == topic)
+                        & (F.col("topic_version") > F.lit(channel.start_version))
+                    )
+                    .select(*CHANNEL_COLUMNS)
+                    .write.format(channel_format)
+                    .mode("append")
+                    .option("txnAppId", FANOUT_APP_ID)
+                    .option("txnVersion", str(batch_id))
+                    .save(path)
+                )
+                written += 1
+    finally:
+        df.unpersist()
+    log.info(
+        "fanout batch %d: %d topics, %d channel tables written with format(%s) (%.0f ms)",
+        batch_id,
+        len(newest),
+        written,
+        channel_format,
+        (time.perf_counter() - started) * 1000,
+    )
+    return written
+
+
+def channel_format_for(spark: SparkSession, channel_writes: str = "auto") -> str | None:
+    """``start_fanout``'s ``channel_format`` for a ``--channel-writes`` choice: "auto" is
+    "delta" where delta-spark's jars load, else the driver (None); "driver" is None; a format
+    name is itself."""
+    if channel_writes not in CHANNEL_WRITES:
+        raise ValueError(f"channel writes: one of {', '.join(CHANNEL_WRITES)}")
+    if channel_writes == "auto":
+        return "delta" if engine(spark) is Engine.DELTA_SPARK else None
+    return None if channel_writes == "driver" else channel_writes
+
+
 def start_fanout(
     spark: SparkSession,
     warehouse: Warehouse,
@@ -100,8 +179,13 @@ def start_fanout(
     once: bool,
     checkpoint: str | None = None,
     max_files_per_trigger: int = 200,
+    channel_format: str | None = None,
 ) -> StreamingQuery:
-    """Start the query; with ``once`` it processes what is available now and stops."""
+    """Start the query; with ``once`` it processes what is available now and stops.
+
+    ``channel_format`` None writes channel rows from the driver through delta-rs; a format
+    name ("delta", "deltaq") writes them with Spark's writer of that format.
+    """
     source = (
         spark.readStream.format("deltaq")
         .option("warehouse", warehouse.root)
@@ -111,10 +195,23 @@ def start_fanout(
     )
 
     registry_reader = RegistryReader(warehouse.registry_path)
-    sinks = ChannelSinks(warehouse)
+    log.info(
+        "fanout: channel rows written %s",
+        "on the driver through delta-rs"
+        if channel_format is None
+        else f"by Spark's writer, format({channel_format})",
+    )
+    if channel_format is None:
+        sinks = ChannelSinks(warehouse)
 
-    def each_batch(df: DataFrame, batch_id: int) -> None:
-        fanout_batch(df, batch_id, registry_reader, sinks)
+        def each_batch(df: DataFrame, batch_id: int) -> None:
+            fanout_batch(df, batch_id, registry_reader, sinks)
+
+    else:
+        format_name = channel_format
+
+        def each_batch(df: DataFrame, batch_id: int) -> None:
+            fanout_batch_by_spark(df, batch_id, registry_reader, warehouse, format_name)
 
     writer = source.writeStream.foreachBatch(each_batch).option(
         "checkpointLocation", checkpoint or f"{warehouse.checkpoints_root}/fanout"

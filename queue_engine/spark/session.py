@@ -91,6 +91,13 @@ def engine(spark: SparkSession) -> Engine:
     return Engine.DELTA_SPARK if loadable else Engine.DELTA_RS
 
 
+def read_format(spark: SparkSession) -> str:
+    """The format batch reads of deltaq's tables use: "delta" where delta-spark loads, else
+    "deltaq". Both take ``versionAsOf``; deltaq's own options (``afterVersion``/``toVersion``,
+    the topics stream) keep their readers on "deltaq"."""
+    return "delta" if engine(spark) is Engine.DELTA_SPARK else "deltaq"
+
+
 def register(spark: SparkSession) -> None:
     """Make ``format("deltaq")`` available on ``spark``."""
     from queue_engine.spark.source import DeltaqDataSource

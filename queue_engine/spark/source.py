@@ -14,6 +14,8 @@
   are created, paused topics do not advance, and rows carry ``topic`` and ``topic_version``.
 - ``df.write.format("deltaq")`` / ``writeStream``: appends through delta-rs; a streaming batch
   is committed with the app transaction (``appId``, batch id) so a replayed batch is skipped.
+  A batch write takes delta-spark's idempotent-write options ``txnAppId`` / ``txnVersion``
+  with delta-spark's meaning, so ``foreachBatch`` code writes alike with either format.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql.datasource import (
     DataSource,
+    DataSourceArrowWriter,
     DataSourceReader,
+    DataSourceStreamArrowWriter,
     DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
@@ -142,7 +146,7 @@ class DeltaqDataSource(DataSource):
         return int(self.options.get("maxFilesPerTrigger", DEFAULT_MAX_FILES_PER_TRIGGER))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        return TableWriter(self.options["path"], overwrite)
+        return TableWriter(self.options["path"], overwrite, _app_transaction(self.options))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         return TableStreamWriter(self.options["path"], str(self.options.get("appId", "deltaq")))
@@ -495,21 +499,46 @@ class StagedFiles(WriterCommitMessage):
     tables: list[str]
 
 
-class TableWriter(DataSourceWriter):
+@dataclass(frozen=True)
+class AppTransaction:
+    """delta-spark's idempotent-write options (``txnAppId``, ``txnVersion``): the write commits
+    with this app transaction, or not at all if the table already recorded ``version`` or a
+    later one for ``app_id`` (a replayed ``foreachBatch``)."""
+
+    app_id: str
+    version: int
+
+
+def _app_transaction(options: Any) -> AppTransaction | None:
+    app_id, version = options.get("txnAppId"), options.get("txnVersion")
+    if app_id is None and version is None:
+        return None
+    if app_id is None or version is None:
+        raise ValueError("txnAppId and txnVersion go together")
+    return AppTransaction(str(app_id), int(version))
+
+
+class TableWriter(DataSourceArrowWriter):
     """Batch writes: each task stages its rows; the driver appends them in one commit."""
 
-    def __init__(self, path: str, overwrite: bool) -> None:
+    def __init__(self, path: str, overwrite: bool, transaction: AppTransaction | None) -> None:
+        if overwrite and transaction is not None:
+            raise ValueError("txnAppId/txnVersion apply to appends only")
         self.path = path
         self.overwrite = overwrite
+        self.transaction = transaction
 
-    def write(self, iterator: Iterator[Any]) -> StagedFiles:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFiles:
         return StagedFiles(_stage(self.path, iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         table = _collect(self.path, messages)
-        if table is None:
+        if self.transaction is not None:
+            # Even with no rows: the commit records that this transaction happened.
+            append_once(self.path, table, self.transaction.app_id, self.transaction.version)
+        elif table is None:
             return
-        if self.overwrite:
+        elif self.overwrite:
             write_deltalake(self.path, table, mode="overwrite")
         else:
             write_deltalake(self.path, table, mode="append")
@@ -518,14 +547,14 @@ class TableWriter(DataSourceWriter):
         _discard(messages)
 
 
-class TableStreamWriter(DataSourceStreamWriter):
+class TableStreamWriter(DataSourceStreamArrowWriter):
     """Streaming appends, exactly once: commit carries (appId, batchId); replays are skipped."""
 
     def __init__(self, path: str, app_id: str) -> None:
         self.path = path
         self.app_id = app_id
 
-    def write(self, iterator: Iterator[Any]) -> StagedFiles:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFiles:
         return StagedFiles(_stage(self.path, iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -536,13 +565,14 @@ class TableStreamWriter(DataSourceStreamWriter):
         _discard(messages)
 
 
-def _stage(path: str, iterator: Iterator[Any]) -> list[str]:
-    rows = [row.asDict() if hasattr(row, "asDict") else row for row in iterator]
-    if not rows:
+def _stage(path: str, iterator: Iterator[pa.RecordBatch]) -> list[str]:
+    """The task's rows as one Parquet file beside the table's data (none for no rows)."""
+    batches = [batch for batch in iterator if batch.num_rows]
+    if not batches:
         return []
-    schema = _arrow_schema(path)
+    table = pa.Table.from_batches(batches).cast(_arrow_schema(path))
     staged = os.path.join(os.path.abspath(path), f"_staged-{uuid.uuid4().hex}.parquet")
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), staged)
+    pq.write_table(table, staged)
     return [staged]
 
 

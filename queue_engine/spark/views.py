@@ -29,6 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from queue_engine.registry import Registry
+from queue_engine.spark.session import read_format, register
 from queue_engine.store.registry_store import events_from_table
 from queue_engine.store.state import STATE_SCHEMA, StateMeta, meta_of
 from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, LEDGER_SCHEMA, Warehouse
@@ -82,12 +83,13 @@ def _union(
     as_of: datetime | None,
 ) -> DataFrame:
     frames: list[DataFrame] = []
+    table_format = read_format(spark)
     for topic, channel in channels:
         dt = _table(path_of(topic, channel), as_of)
         if dt is None:
             continue
         df = (
-            spark.read.format("deltaq")
+            spark.read.format(table_format)
             .option("versionAsOf", str(dt.version()))
             .load(path_of(topic, channel))
         )
@@ -107,8 +109,6 @@ def register_views(
     spark: SparkSession, warehouse: str | Warehouse, *, as_of: str | datetime | None = None
 ) -> list[str]:
     """Create or replace the temp views on ``spark``; returns their names."""
-    from queue_engine.spark.session import register
-
     register(spark)
     wh = warehouse if isinstance(warehouse, Warehouse) else Warehouse(warehouse)
     when = _parse(as_of)

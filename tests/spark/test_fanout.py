@@ -14,9 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 from deltalake import DeltaTable
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
-from queue_engine.spark.fanout_stream import start_fanout
+from queue_engine.spark.fanout_stream import fanout_batch_by_spark, start_fanout
+from queue_engine.store.registry_store import RegistryReader
 from queue_engine.store.tables import Warehouse
 from tests.conftest import ROOT, Server
 
@@ -28,13 +30,22 @@ def channel_bodies(warehouse: Path, topic: str, channel: str) -> list[bytes]:
     return sorted(DeltaTable(str(path)).to_pyarrow_table()["body"].to_pylist())
 
 
-def run_once(spark: SparkSession, warehouse: Path) -> None:
-    query = start_fanout(spark, Warehouse(str(warehouse)), once=True)
+def run_once(spark: SparkSession, warehouse: Path, channel_format: str | None = None) -> None:
+    query = start_fanout(spark, Warehouse(str(warehouse)), once=True, channel_format=channel_format)
     query.awaitTermination(300)
     assert query.exception() is None
 
 
-def test_fanout_rules(spark: SparkSession, server_factory: type[Server], tmp_path: Path) -> None:
+# None: rows collected on the driver and appended through delta-rs (the default here);
+# "deltaq": Spark's writer with delta-spark's txnAppId/txnVersion options (the path "delta"
+# takes where delta-spark's jars load).
+WRITE_PATHS = [None, "deltaq"]
+
+
+@pytest.mark.parametrize("channel_format", WRITE_PATHS, ids=["driver", "spark-writer"])
+def test_fanout_rules(
+    spark: SparkSession, server_factory: type[Server], tmp_path: Path, channel_format: str | None
+) -> None:
     wh = tmp_path / "wh"
     server = server_factory(wh).start()
     c = httpx.Client(base_url=server.url, timeout=30)
@@ -64,7 +75,7 @@ def test_fanout_rules(spark: SparkSession, server_factory: type[Server], tmp_pat
     # Topic n: no channel at all yet.
     pub("n", "n0")
 
-    run_once(spark, wh)
+    run_once(spark, wh, channel_format)
     assert channel_bodies(wh, "a", "c1") == [b"a0", b"a1", b"a1b", b"a2"]
     assert channel_bodies(wh, "a", "c2") == [b"a2"]
     assert channel_bodies(wh, "b", "b1") == []
@@ -77,7 +88,7 @@ def test_fanout_rules(spark: SparkSession, server_factory: type[Server], tmp_pat
     post("/channel/create", topic="n", channel="late")  # first channel: gets the buffered n0
     post("/channel/create", topic="a", channel="c3")
     pub("a", "a4")
-    run_once(spark, wh)
+    run_once(spark, wh, channel_format)
     assert channel_bodies(wh, "b", "b1") == [b"b0"]
     assert channel_bodies(wh, "a", "c1") == [b"a0", b"a1", b"a1b", b"a2", b"a3", b"a4"]
     assert not (wh / "channels" / "a" / "c2").exists()  # deleted channels receive nothing
@@ -85,11 +96,46 @@ def test_fanout_rules(spark: SparkSession, server_factory: type[Server], tmp_pat
     assert channel_bodies(wh, "n", "late") == [b"n0"]
 
     # Running again with nothing new writes nothing twice.
-    run_once(spark, wh)
+    run_once(spark, wh, channel_format)
     assert channel_bodies(wh, "a", "c1") == [b"a0", b"a1", b"a1b", b"a2", b"a3", b"a4"]
     rows = DeltaTable(str(wh / "channels" / "a" / "c1" / "messages")).to_pyarrow_table()
     assert set(rows.column_names) == {"id", "body", "published_at", "deliver_at", "topic_version"}
     c.close()
+
+
+def test_spark_writer_skips_a_replayed_batch(
+    spark: SparkSession, server_factory: type[Server], tmp_path: Path
+) -> None:
+    wh = tmp_path / "wh"
+    server = server_factory(wh).start()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        for topic, channel in (("t", "x"), ("t", "y"), ("u", "z")):
+            assert c.post("/topic/create", params={"topic": topic}).status_code == 200
+            params = {"topic": topic, "channel": channel}
+            assert c.post("/channel/create", params=params).status_code == 200
+        assert c.post("/mpub", params={"topic": "t"}, content=b"m0\nm1\nm2").text == "OK"
+        assert c.post("/pub", params={"topic": "u"}, content=b"u0").text == "OK"
+    warehouse = Warehouse(str(wh))
+
+    def rows_of(topic: str) -> DataFrame:
+        # As the topics stream gives them: the topic's name and the version that added a row.
+        path = warehouse.topic_path(topic)
+        version = F.lit(DeltaTable(path).version()).cast("long").alias("topic_version")
+        return (
+            spark.read.format("deltaq").load(path).select(F.lit(topic).alias("topic"), "*", version)
+        )
+
+    batch = rows_of("t").union(rows_of("u"))
+    reader = RegistryReader(warehouse.registry_path)
+    assert fanout_batch_by_spark(batch, 5, reader, warehouse, "deltaq") == 3
+    # Spark replays batch 5 after a crash: every channel already recorded it.
+    assert fanout_batch_by_spark(batch, 5, reader, warehouse, "deltaq") == 3
+    assert channel_bodies(wh, "t", "x") == channel_bodies(wh, "t", "y") == [b"m0", b"m1", b"m2"]
+    assert channel_bodies(wh, "u", "z") == [b"u0"]
+    assert (
+        DeltaTable(warehouse.channel_messages_path("t", "x")).transaction_version("deltaq-fanout")
+        == 5
+    )
 
 
 def test_channel_deleted_and_recreated_while_streaming(

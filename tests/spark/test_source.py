@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pytest
 from chispa import assert_df_equality
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from queue_engine.spark.session import Engine, engine
+from queue_engine.spark.fanout_stream import channel_format_for
+from queue_engine.spark.session import Engine, engine, read_format
 from queue_engine.store.append import LocalAppender
 from queue_engine.store.append_once import append_once
 from queue_engine.store.tables import TOPIC_SCHEMA, open_or_create
@@ -52,6 +54,12 @@ def expected(spark: SparkSession, table: pa.Table) -> DataFrame:
 def test_engine_detection_here_is_delta_rs(spark: SparkSession) -> None:
     # Maven Central is unreachable here, so delta-spark's jars cannot be on the classpath.
     assert engine(spark) is Engine.DELTA_RS
+    # ... so reads stay on deltaq's source and the fanout writes channel rows from the driver.
+    assert read_format(spark) == "deltaq"
+    assert channel_format_for(spark) is None
+    assert channel_format_for(spark, "deltaq") == "deltaq"
+    with pytest.raises(ValueError, match="one of auto, driver, delta, deltaq"):
+        channel_format_for(spark, "parquet")
 
 
 def test_local_jvm_runs_with_the_quick_compiler_only(spark: SparkSession) -> None:
@@ -157,6 +165,36 @@ def test_batch_writer_appends(spark: SparkSession, tmp_path: Path) -> None:
     df.write.format("deltaq").mode("append").save(str(path))
     df.write.format("deltaq").mode("append").save(str(path))
     assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 10
+
+
+def test_batch_writer_takes_delta_sparks_idempotent_write_options(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    path = tmp_path / "t"
+    open_or_create(str(path), TOPIC_SCHEMA)
+    rows = expected(spark, batch(4, 0))
+
+    def write(df: DataFrame, version: int) -> None:
+        (
+            df.write.format("deltaq")
+            .mode("append")
+            .option("txnAppId", "app")
+            .option("txnVersion", str(version))
+            .save(str(path))
+        )
+
+    write(rows, 7)
+    write(rows, 7)  # a replay: skipped
+    write(rows, 3)  # older: skipped
+    assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 4
+    write(rows.limit(0), 8)  # no rows: still recorded
+    assert DeltaTable(str(path)).transaction_version("app") == 8
+    write(rows, 9)
+    assert sorted(DeltaTable(str(path)).to_pyarrow_table()["id"].to_pylist()) == sorted(
+        batch(4, 0)["id"].to_pylist() * 2
+    )
+    with pytest.raises(Exception, match="txnAppId and txnVersion go together"):
+        rows.write.format("deltaq").mode("append").option("txnAppId", "app").save(str(path))
 
 
 def test_stream_writer_is_idempotent_per_batch(spark: SparkSession, tmp_path: Path) -> None:
