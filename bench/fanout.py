@@ -9,6 +9,7 @@
    empty warehouse.
 
     python bench/fanout.py [--rate 200] [--seconds 20] [--backlog 1000000]
+                           [--channel-writes auto|driver|deltaq]
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from procs import (  # noqa: E402
 from queue_engine.store.commit_log import added_files, latest_version  # noqa: E402
 
 
-def latency(rate: int, seconds: float, warmup: float) -> None:
+def latency(rate: int, seconds: float, warmup: float, job_args: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         wh = Path(tmp) / "wh"
         create_us = file_create_us(Path(tmp))
@@ -51,7 +52,7 @@ def latency(rate: int, seconds: float, warmup: float) -> None:
         try:
             post(port, "/topic/create?topic=lat")
             post(port, "/channel/create?topic=lat&channel=c")
-            fanout = fanout_process(wh)
+            fanout = fanout_process(wh, *job_args)
             channel = wh / "channels" / "lat" / "c" / "messages"
             # Wait for the job to be up: publish probes until one shows up in the channel.
             deadline = time.monotonic() + 120
@@ -60,6 +61,9 @@ def latency(rate: int, seconds: float, warmup: float) -> None:
                 time.sleep(0.5)
             known = latest_version(str(channel))
             samples: list[float] = []
+            # Publish -> the topic commit's file time: the API's share of each sample.
+            topic_log = wh / "topics" / "lat" / "_delta_log"
+            api_share: list[float] = []
             done = threading.Event()
 
             def tail() -> None:
@@ -69,9 +73,17 @@ def latency(rate: int, seconds: float, warmup: float) -> None:
                     if latest > known:
                         now = time.time_ns()
                         for f in added_files(str(channel), known, latest):
-                            for body in pq.read_table(f.path, columns=["body"])["body"].to_pylist():
+                            rows = pq.read_table(f.path, columns=["body", "topic_version"])
+                            for body, version in zip(
+                                rows["body"].to_pylist(),
+                                rows["topic_version"].to_pylist(),
+                                strict=True,
+                            ):
                                 if body.startswith(b"t "):
-                                    samples.append((now - int(body[2:])) / 1e6)
+                                    sent_ns = int(body[2:])
+                                    samples.append((now - sent_ns) / 1e6)
+                                    committed = (topic_log / f"{version:020d}.json").stat()
+                                    api_share.append((committed.st_mtime_ns - sent_ns) / 1e6)
                         known = latest
                     time.sleep(0.002)
 
@@ -89,14 +101,21 @@ def latency(rate: int, seconds: float, warmup: float) -> None:
             print("\n".join(batches[-int(os.environ.get("SHOW_BATCHES", "5")) :]))
             tailer.join(5)
             samples.sort()
+            api_share.sort()
             if not samples:
                 print("latency: no samples")
                 return
-            p = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))]  # noqa: E731
+
+            def p(values: list[float], q: float) -> float:
+                return values[min(len(values) - 1, int(q * len(values)))]
+
             print(
                 f"publish -> channel row visible, {rate} msg/s for {seconds:.0f} s: "
-                f"p50 {p(0.5):.0f} ms, p99 {p(0.99):.0f} ms, max {samples[-1]:.0f} ms "
-                f"({len(samples)}/{sent} seen; file create {create_us:.0f} us)"
+                f"p50 {p(samples, 0.5):.0f} ms, p99 {p(samples, 0.99):.0f} ms, "
+                f"max {samples[-1]:.0f} ms ({len(samples)}/{sent} seen; "
+                f"file create {create_us:.0f} us); of which publish -> topic commit "
+                f"p50 {p(api_share, 0.5):.0f} ms, p99 {p(api_share, 0.99):.0f} ms "
+                "(file times: ~4 ms resolution)"
             )
         finally:
             if fanout is not None:
@@ -104,7 +123,7 @@ def latency(rate: int, seconds: float, warmup: float) -> None:
             stop(api)
 
 
-def backlog(count: int) -> None:
+def backlog(count: int, job_args: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         empty = Path(tmp) / "empty"
         port = free_port()
@@ -113,7 +132,7 @@ def backlog(count: int) -> None:
         post(port, "/channel/create?topic=b&channel=c")
         stop(api)
         t = time.perf_counter()
-        assert fanout_process(empty, "--once").wait(600) == 0
+        assert fanout_process(empty, "--once", *job_args).wait(600) == 0
         fixed = time.perf_counter() - t
 
         wh = Path(tmp) / "wh"
@@ -130,7 +149,7 @@ def backlog(count: int) -> None:
         fill = time.perf_counter() - t
         stop(api)
         t = time.perf_counter()
-        code = fanout_process(wh, "--once").wait(1800)
+        code = fanout_process(wh, "--once", *job_args).wait(1800)
         if code != 0:
             print((Path(tmp) / "fanout.log").read_text()[-4000:])
             raise SystemExit(f"fanout --once failed with {code}")
@@ -154,11 +173,15 @@ def main() -> int:
     )
     parser.add_argument("--backlog", type=int, default=1_000_000)
     parser.add_argument("--only", choices=["latency", "backlog"])
+    parser.add_argument(
+        "--channel-writes", default="auto", help="passed to deltaq fanout (driver, deltaq, ...)"
+    )
     args = parser.parse_args()
+    job_args = ["--channel-writes", args.channel_writes]
     if args.only in (None, "latency"):
-        latency(args.rate, args.seconds, args.warmup)
+        latency(args.rate, args.seconds, args.warmup, job_args)
     if args.only in (None, "backlog"):
-        backlog(args.backlog)
+        backlog(args.backlog, job_args)
     return 0
 
 
