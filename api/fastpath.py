@@ -14,7 +14,9 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from fastapi import FastAPI
+from starlette.requests import ClientDisconnect
 
+from api.body import Receive, read_limited
 from api.consume import answer, subscribe
 from api.publish import mpub, pub
 from api.responses import STATUS, error_body, failed_body
@@ -26,7 +28,6 @@ log = logging.getLogger(__name__)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 _NSQ = (b"x-nsq-content-type", b"nsq; version=1.0")
@@ -46,10 +47,6 @@ _ROUTES = {
     ("POST", "/touch"),
 }
 _ANSWERS = {"/fin": EventKind.FIN, "/req": EventKind.REQ, "/touch": EventKind.TOUCH}
-
-
-class _Disconnected(Exception):
-    pass
 
 
 class FastPath:
@@ -75,21 +72,7 @@ class FastPath:
                 break
 
         async def read(limit: int, code: ErrorCode) -> bytes:
-            if content_length is not None and content_length > limit:
-                raise QueueError(code)
-            chunks: list[bytes] = []
-            size = 0
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise _Disconnected
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    raise QueueError(code)
-                chunks.append(chunk)
-                if not message.get("more_body", False):
-                    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            return await read_limited(receive, content_length, limit, code)
 
         json: bytes | None = None
         try:
@@ -114,7 +97,7 @@ class FastPath:
             )
             await send({"type": "http.response.body", "body": body})
             return
-        except _Disconnected:
+        except ClientDisconnect:
             return
         if json is None:
             await send(_OK_START)

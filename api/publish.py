@@ -100,9 +100,16 @@ def first_values(request: Request) -> dict[str, str]:
     return params
 
 
+def content_length(request: Request) -> int | None:
+    header = request.headers.get("content-length")
+    return None if header is None else int(header)
+
+
 def reader(request: Request) -> BodyReader:
+    length = content_length(request)
+
     async def read(limit: int, code: ErrorCode) -> bytes:
-        return await read_limited(request, limit, code)
+        return await read_limited(request.receive, length, limit, code)
 
     return read
 
@@ -168,11 +175,5 @@ async def mpub_route(
     topic: TopicParam = None,
     binary: Annotated[str | None, Query(description="true/1 for the binary framing")] = None,
 ) -> Response:
-    length = request.headers.get("content-length")
-    await mpub(
-        broker_of(request),
-        first_values(request),
-        reader(request),
-        int(length) if length is not None else None,
-    )
+    await mpub(broker_of(request), first_values(request), reader(request), content_length(request))
     return ok_text()
