@@ -43,7 +43,8 @@ class MaintenancePolicy:
     vacuum_retention_hours: int
     vacuum_interval_s: int
     interval_ms: int
-    checkpoint_min_interval_s: float = 0.0
+    # Seconds between two checkpoints of one table however fast it commits (settings: 10).
+    checkpoint_min_interval_s: float
 
     @classmethod
     def from_settings(cls, settings: Settings) -> MaintenancePolicy:

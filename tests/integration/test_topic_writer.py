@@ -237,6 +237,7 @@ def _policy(**changes: Any) -> MaintenancePolicy:
         vacuum_retention_hours=168,
         vacuum_interval_s=3600,
         interval_ms=10,
+        checkpoint_min_interval_s=0.0,  # due on commit count alone
     )
     return dataclasses.replace(base, **changes)
 

@@ -198,6 +198,7 @@ def test_the_sweep_compacts_small_files_without_changing_what_is_read(
         vacuum_retention_hours=168,
         vacuum_interval_s=3600,
         interval_ms=1000,
+        checkpoint_min_interval_s=0.0,
     )
     report = sweep(spark, wh, maintenance=Maintenance(policy))
     for path in (wh.channel_messages_path("t", "c"), wh.channel_ledger_path("t", "c")):
