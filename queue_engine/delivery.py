@@ -193,10 +193,8 @@ class ChannelRuntime:
         """Wake every waiting SUB (they answer with no messages) and stop the ledger writer."""
         self.closed = True
         await self.wake()
-        if isinstance(self._writer, LoopLedgerWriter):
-            self._writer.close()  # commits what is pending, on this loop
-        elif self._writer is not None:
-            await asyncio.to_thread(self._writer.close)
+        if self._writer is not None:
+            await self._writer.aclose()
 
     def request_reopen(self) -> None:
         if self._writer is not None:

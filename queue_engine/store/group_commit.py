@@ -8,6 +8,7 @@ Submissions are committed in the order they were made.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -110,6 +111,10 @@ class GroupCommitter(ABC, Generic[T]):
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         self._appender.close()
+
+    async def aclose(self) -> None:
+        """``close`` from the event loop: the join happens in a thread, not on the loop."""
+        await asyncio.to_thread(self.close)
 
     # -- the commit thread ----------------------------------------------------------------
 

@@ -61,10 +61,15 @@ class LoopLedgerWriter:
         self._reopen_requested = True
 
     def close(self) -> None:
-        """Commit what is pending, then stop (later submits raise WriterClosedError)."""
+        """Commit what is pending, then stop (later submits raise WriterClosedError). On the
+        loop this writer belongs to."""
         self._closed = True
         self._flush()
         self._appender.close()
+
+    async def aclose(self) -> None:
+        """``close``, called as the threaded writer's is (it commits on this loop)."""
+        self.close()
 
     def _flush(self) -> None:
         self._scheduled = False
