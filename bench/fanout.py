@@ -9,7 +9,7 @@
    empty warehouse.
 
     python bench/fanout.py [--rate 200] [--seconds 20] [--backlog 1000000]
-                           [--channel-writes auto|driver|deltaq]
+                           [--channel-writes auto|driver|deltaq] [--embedded]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from procs import (  # noqa: E402
 from queue_engine.store.commit_log import added_files, latest_version  # noqa: E402
 
 
-def latency(rate: int, seconds: float, warmup: float, job_args: list[str]) -> None:
+def latency(rate: int, seconds: float, warmup: float, job_args: list[str], embedded: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         wh = Path(tmp) / "wh"
         create_us = file_create_us(Path(tmp))
@@ -52,7 +52,10 @@ def latency(rate: int, seconds: float, warmup: float, job_args: list[str]) -> No
         try:
             post(port, "/topic/create?topic=lat")
             post(port, "/channel/create?topic=lat&channel=c")
-            fanout = fanout_process(wh, *job_args)
+            if embedded:
+                fanout = fanout_process(wh, "--every", "10", module="jobs.embedded")
+            else:
+                fanout = fanout_process(wh, *job_args)
             channel = wh / "channels" / "lat" / "c" / "messages"
             # Wait for the job to be up: publish probes until one shows up in the channel.
             deadline = time.monotonic() + 120
@@ -176,10 +179,15 @@ def main() -> int:
     parser.add_argument(
         "--channel-writes", default="auto", help="passed to deltaq fanout (driver, deltaq, ...)"
     )
+    parser.add_argument(
+        "--embedded",
+        action="store_true",
+        help="latency with the fanout and the sweep (every 10 s) on one Spark, as deltaq up",
+    )
     args = parser.parse_args()
     job_args = ["--channel-writes", args.channel_writes]
     if args.only in (None, "latency"):
-        latency(args.rate, args.seconds, args.warmup, job_args)
+        latency(args.rate, args.seconds, args.warmup, job_args, args.embedded)
     if args.only in (None, "backlog"):
         backlog(args.backlog, job_args)
     return 0

@@ -61,10 +61,14 @@ def api_process(
     raise RuntimeError("API did not start")
 
 
-def fanout_process(warehouse: Path, *extra: str) -> subprocess.Popen[bytes]:
+def fanout_process(
+    warehouse: Path, *extra: str, module: str = "jobs.fanout"
+) -> subprocess.Popen[bytes]:
+    """``deltaq fanout`` (or, with ``module="jobs.embedded"``, the fanout and the sweep on one
+    Spark as ``deltaq up`` runs them), logging to ``fanout.log`` beside the warehouse."""
     log = open(warehouse.parent / "fanout.log", "ab")  # noqa: SIM115 - owned by the child
     return subprocess.Popen(
-        [sys.executable, "-m", "jobs.fanout", "--warehouse", str(warehouse), *extra],
+        [sys.executable, "-m", module, "--warehouse", str(warehouse), *extra],
         cwd=ROOT,
         stdout=log,
         stderr=subprocess.STDOUT,
