@@ -36,10 +36,11 @@ from queue_engine.state_fold import (
     FOLD_OUTPUT_SCHEMA,
     event_input,
     fold_sorted,
+    fold_tables,
     message_input,
     state_input,
 )
-from queue_engine.store.commit_log import latest_version
+from queue_engine.store.commit_log import AddedFile, added_files, latest_version
 from queue_engine.store.maintenance import Maintenance
 from queue_engine.store.registry_store import RegistryReader
 from queue_engine.store.state import (
@@ -47,15 +48,27 @@ from queue_engine.store.state import (
     WRITER_KEY,
     StateMeta,
     read_meta,
+    read_state,
     write_state,
 )
-from queue_engine.store.tables import LEDGER_SCHEMA, Warehouse
+from queue_engine.store.tables import (
+    CHANNEL_MESSAGES_SCHEMA,
+    LEDGER_SCHEMA,
+    Warehouse,
+    parquet_dataset,
+)
 
 log = logging.getLogger(__name__)
 
 _TS = pa.timestamp("us", tz="UTC")
 # The fold's input carries the channel's index in this run (rows group by channel, then id).
 CHANNEL_COLUMN = "chan"
+# A sweep whose inputs (previous state rows + channel rows + ledger events added since, from
+# the commit log's statistics) total at most this many rows is folded on the driver by the
+# same fold (state_fold.fold_tables), like Spark runs a small local relation on the driver:
+# the Spark job costs 0.7-3 s of both cores even for a few rows, and under `deltaq up` the
+# fanout's micro-batches wait behind it (~4 us per row on the driver).
+LOCAL_FOLD_MAX_ROWS = 20_000
 
 
 @dataclass(frozen=True)
@@ -81,6 +94,7 @@ class SweepReport:
     timeouts: int = 0
     finished: int = 0
     seconds: float = 0.0
+    folded_on: str = "spark"  # or "driver" (inputs of at most LOCAL_FOLD_MAX_ROWS rows)
 
 
 def now_us() -> int:
@@ -171,11 +185,11 @@ def fold_frame(
                     _read(spark, p.state_path, versionAsOf=p.meta.state_version), "state", p.index
                 )
             )
-        after_m = p.meta.messages_version if p.meta else -1
+        after_m = _messages_after(p)
         if p.messages_version > after_m:
             df = _read(spark, p.messages_path, afterVersion=after_m, toVersion=p.messages_version)
             parts.append(_as_input(df, "messages", p.index))
-        after_l = p.meta.ledger_version if p.meta else -1
+        after_l = _ledger_after(p)
         if p.ledger_version > after_l:
             df = _read(spark, p.ledger_path, afterVersion=after_l, toVersion=p.ledger_version)
             parts.append(_as_input(df, "ledger", p.index))
@@ -223,9 +237,11 @@ def sweep(
     force: bool = False,
     partitions: int | None = None,
     maintenance: Maintenance | None = None,
+    local_max_rows: int = LOCAL_FOLD_MAX_ROWS,
 ) -> SweepReport:
     """One sweep of every channel that needs it; with ``maintenance``, the swept channels'
-    tables are then checkpointed, compacted and vacuumed by its policy."""
+    tables are then checkpointed, compacted and vacuumed by its policy. Inputs of at most
+    ``local_max_rows`` rows are folded on the driver (0: always by a Spark job)."""
     started = time.perf_counter()
     now = now_us() if now is None else now
     plans, skipped = plan(warehouse, now, force=force)
@@ -234,20 +250,13 @@ def sweep(
         report.seconds = time.perf_counter() - started
         return report
     parallelism = partitions or max(2, spark.sparkContext.defaultParallelism)
-    frame = fold_frame(spark, plans, now, parallelism)
-    collected = frame.toArrow() if frame is not None else None
-    result = (
-        collected.cast(_OUTPUT_ARROW_SCHEMA).sort_by(CHANNEL_COLUMN)
-        if collected is not None and collected.num_rows
-        else _OUTPUT_ARROW_SCHEMA.empty_table()
-    )
-    # Plans are numbered 0..n-1: each channel's rows are one slice of the sorted result.
-    bounds = np.searchsorted(
-        result[CHANNEL_COLUMN].to_numpy(), np.arange(len(plans) + 1), side="left"
-    )
-    for p in plans:
-        start, end = int(bounds[p.index]), int(bounds[p.index + 1])
-        live, timeouts, finished = _commit_channel(p, result.slice(start, end - start), now)
+    if sum(_input_rows(p, local_max_rows) for p in plans) <= local_max_rows:
+        report.folded_on = "driver"
+        results = [_fold_on_driver(p, now) for p in plans]
+    else:
+        results = _fold_with_spark(spark, plans, now, parallelism)
+    for p, rows in zip(plans, results, strict=True):
+        live, timeouts, finished = _commit_channel(p, rows, now)
         report.channels_swept += 1
         report.live += live
         report.timeouts += timeouts
@@ -263,15 +272,82 @@ def sweep(
                     log.warning("upkeep of %s failed", path, exc_info=True)
     report.seconds = time.perf_counter() - started
     log.info(
-        "sweep: %d channels swept, %d skipped; %d live, %d timed out, %d finished (%.1f s)",
+        "sweep: %d channels swept, %d skipped; %d live, %d timed out, %d finished "
+        "(folded by %s, %.1f s)",
         report.channels_swept,
         report.channels_skipped,
         report.live,
         report.timeouts,
         report.finished,
+        report.folded_on,
         report.seconds,
     )
     return report
+
+
+def _fold_with_spark(
+    spark: SparkSession, plans: list[ChannelPlan], now: int, partitions: int
+) -> list[pa.Table]:
+    """Each plan's fold output, from one Spark job over all of them."""
+    frame = fold_frame(spark, plans, now, partitions)
+    collected = frame.toArrow() if frame is not None else None
+    result = (
+        collected.cast(_OUTPUT_ARROW_SCHEMA).sort_by(CHANNEL_COLUMN)
+        if collected is not None and collected.num_rows
+        else _OUTPUT_ARROW_SCHEMA.empty_table()
+    )
+    # Plans are numbered 0..n-1: each channel's rows are one slice of the sorted result.
+    bounds = np.searchsorted(
+        result[CHANNEL_COLUMN].to_numpy(), np.arange(len(plans) + 1), side="left"
+    )
+    return [
+        result.slice(int(bounds[p.index]), int(bounds[p.index + 1]) - int(bounds[p.index]))
+        for p in plans
+    ]
+
+
+def _input_rows(p: ChannelPlan, unknown: int) -> int:
+    """The rows ``fold_frame`` would read for ``p``, from Delta statistics (a file without a
+    row count counts as ``unknown`` + 1: too many to fold on the driver)."""
+
+    def counted(files: list[AddedFile]) -> int:
+        return sum(unknown + 1 if f.num_records is None else f.num_records for f in files)
+
+    rows = 0
+    if p.meta is not None:
+        dt = DeltaTable(p.state_path, version=p.meta.state_version)
+        counts = pa.table(dt.get_add_actions(flatten=True))["num_records"].to_pylist()
+        rows += sum(unknown + 1 if n is None else int(n) for n in counts)
+    rows += counted(added_files(p.messages_path, _messages_after(p), p.messages_version))
+    rows += counted(added_files(p.ledger_path, _ledger_after(p), p.ledger_version))
+    return rows
+
+
+def _fold_on_driver(p: ChannelPlan, now: int) -> pa.Table:
+    """``p``'s fold output computed here, from the same inputs as ``fold_frame`` reads."""
+    state = read_state(p.state_path, p.meta) if p.meta is not None else None
+    messages = _added_rows(
+        p.messages_path, _messages_after(p), p.messages_version, CHANNEL_MESSAGES_SCHEMA
+    )
+    ledger = _added_rows(p.ledger_path, _ledger_after(p), p.ledger_version, LEDGER_SCHEMA)
+    rows = fold_tables(state, messages, ledger, now, p.ledger_version)
+    chan = pa.array([p.index] * rows.num_rows, pa.int32())
+    return rows.append_column(CHANNEL_COLUMN, chan).cast(_OUTPUT_ARROW_SCHEMA)
+
+
+def _added_rows(path: str, after: int, to: int, schema: pa.Schema) -> pa.Table | None:
+    files = added_files(path, after, to)
+    if not files:
+        return None
+    return parquet_dataset([f.path for f in files], schema).to_table()
+
+
+def _messages_after(p: ChannelPlan) -> int:
+    return p.meta.messages_version if p.meta else -1
+
+
+def _ledger_after(p: ChannelPlan) -> int:
+    return p.meta.ledger_version if p.meta else -1
 
 
 def _commit_channel(p: ChannelPlan, rows: pa.Table, now: int) -> tuple[int, int, int]:

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 from deltalake import DeltaTable, write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
 from bench.synthetic import register, write_deliveries, write_messages
-from queue_engine.spark.sweep import plan, sweep
+from queue_engine.spark.sweep import LOCAL_FOLD_MAX_ROWS, plan, sweep
 from queue_engine.spark.views import register_views
 from queue_engine.state_fold import FINISHED
 from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
@@ -91,8 +92,8 @@ def test_spark_sweep_agrees_with_the_python_fold(
         chan.events = [e for e in chan.events if e.kind != "TIMEOUT"]
         write_channel(wh, "t", f"c{i}", chan)
     now = BASE_US + later
-    report = sweep(spark, wh, now=now)
-    assert report.channels_swept == len(chans)
+    report = sweep(spark, wh, now=now, local_max_rows=0)  # a Spark job, however small
+    assert report.channels_swept == len(chans) and report.folded_on == "spark"
     for i, chan in enumerate(chans):
         expected = comparable(python_fold(chan, now))
         live = {k: v for k, v in expected.items() if v[0] != FINISHED}
@@ -103,15 +104,23 @@ def test_spark_sweep_agrees_with_the_python_fold(
         assert timeouts_written(wh, "t", f"c{i}") == swept
 
 
+# 0: folded by a Spark job; the default: these few rows are folded on the driver.
+FOLD_PATHS = pytest.mark.parametrize(
+    ("local_max_rows", "folded_on"), [(0, "spark"), (LOCAL_FOLD_MAX_ROWS, "driver")]
+)
+
+
+@FOLD_PATHS
 def test_sweep_is_incremental_and_skips_unchanged_channels(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, local_max_rows: int, folded_on: str
 ) -> None:
     wh = Warehouse(str(tmp_path / "wh"))
     register(wh, "t", "c")
     ids = write_messages(wh, "t", "c", 40, rows_per_commit=10)
     write_deliveries(wh, "t", "c", ids[:20], expired_fraction=0.25, rows_per_commit=10)
-    first = sweep(spark, wh)
+    first = sweep(spark, wh, local_max_rows=local_max_rows)
     assert (first.live, first.timeouts, first.finished) == (40, 5, 0)
+    assert first.folded_on == folded_on
     # Nothing new, nothing due: skipped without a Spark job.
     assert plan(wh, time.time_ns() // 1000)[0] == []
     assert sweep(spark, wh).channels_skipped == 1
@@ -122,8 +131,9 @@ def test_sweep_is_incremental_and_skips_unchanged_channels(
     fins = ledger_rows(in_flight["id"], "FIN", in_flight["attempts"], now, in_flight["lease"])
     write_deltalake(wh.channel_ledger_path("t", "c"), fins, mode="append")
     write_messages(wh, "t", "c", 10, first_id=1000, rows_per_commit=10, topic_version=4)
-    second = sweep(spark, wh)
+    second = sweep(spark, wh, local_max_rows=local_max_rows)
     assert (second.live, second.timeouts, second.finished) == (45, 0, 5)
+    assert second.folded_on == folded_on
     state = DeltaTable(wh.channel_state_path("t", "c")).to_pyarrow_table()
     assert not set(in_flight["id"].to_pylist()) & set(state["id"].to_pylist())
     # 20 never delivered + 5 timed out + 10 new are ready; 15 leases live, 5 of them FIN'd.
