@@ -250,7 +250,7 @@ def sweep(
         report.seconds = time.perf_counter() - started
         return report
     parallelism = partitions or max(2, spark.sparkContext.defaultParallelism)
-    if sum(_input_rows(p, local_max_rows) for p in plans) <= local_max_rows:
+    if _fits_the_driver(plans, local_max_rows):
         report.folded_on = "driver"
         results = [_fold_on_driver(p, now) for p in plans]
     else:
@@ -304,6 +304,16 @@ def _fold_with_spark(
         result.slice(int(bounds[p.index]), int(bounds[p.index + 1]) - int(bounds[p.index]))
         for p in plans
     ]
+
+
+def _fits_the_driver(plans: list[ChannelPlan], max_rows: int) -> bool:
+    """Whether the plans' inputs total at most ``max_rows`` rows (counting stops past it)."""
+    total = 0
+    for p in plans:
+        total += _input_rows(p, max_rows)
+        if total > max_rows:
+            return False
+    return True
 
 
 def _input_rows(p: ChannelPlan, unknown: int) -> int:
