@@ -19,7 +19,14 @@ from starlette.requests import ClientDisconnect
 from api.body import Receive, read_limited
 from api.consume import answer, subscribe
 from api.publish import mpub, pub
-from api.responses import STATUS, error_body, failed_body
+from api.responses import (
+    JSON_TYPE,
+    NSQ_HEADER,
+    STATUS,
+    TEXT_TYPE,
+    error_body,
+    failed_body,
+)
 from queue_engine.broker import Broker
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.lease import EventKind
@@ -30,14 +37,15 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
 
-_NSQ = (b"x-nsq-content-type", b"nsq; version=1.0")
+# The FastAPI routes' headers (api.responses), as raw ASGI header pairs.
+_NSQ = next((k.lower().encode(), v.encode()) for k, v in NSQ_HEADER.items())
 _OK_START = {
     "type": "http.response.start",
     "status": 200,
-    "headers": [(b"content-type", b"text/plain; charset=utf-8"), _NSQ, (b"content-length", b"2")],
+    "headers": [(b"content-type", TEXT_TYPE.encode()), _NSQ, (b"content-length", b"2")],
 }
 _OK_BODY = {"type": "http.response.body", "body": b"OK"}
-_JSON = (b"content-type", b"application/json; charset=utf-8")
+_JSON = (b"content-type", JSON_TYPE.encode())
 _ROUTES = {
     ("POST", "/pub"),
     ("POST", "/mpub"),
