@@ -11,12 +11,19 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from queue_engine.registry import Registry
+from queue_engine.registry import ChannelInfo, Registry
 
 CHANNEL_COLUMNS = ("id", "body", "published_at", "deliver_at", "topic_version")
 # How the fanout job writes channel rows (``deltaq fanout --channel-writes``): see
 # queue_engine.spark.fanout_stream.
 CHANNEL_WRITES = ("auto", "driver", "delta", "deltaq")
+
+
+def receivers(registry: Registry, topic: str) -> list[tuple[str, ChannelInfo]]:
+    """The channels a topic's rows go to, in name order (none once the topic is deleted); each
+    takes the rows whose ``topic_version`` is above its ``start_version``."""
+    info = registry.topics.get(topic)
+    return [] if info is None else sorted(info.channels.items())
 
 
 def route(rows: pa.Table, registry: Registry) -> dict[tuple[str, str], pa.Table]:
@@ -26,11 +33,11 @@ def route(rows: pa.Table, registry: Registry) -> dict[tuple[str, str], pa.Table]
         return out
     topics = pc.unique(rows["topic"]).to_pylist()
     for topic in topics:
-        info = registry.topics.get(topic)
-        if info is None:
-            continue  # deleted meanwhile: nobody receives its messages
+        channels = receivers(registry, topic)
+        if not channels:
+            continue
         of_topic = rows.filter(pc.equal(rows["topic"], topic))
-        for name, channel in sorted(info.channels.items()):
+        for name, channel in channels:
             selected = of_topic.filter(pc.greater(of_topic["topic_version"], channel.start_version))
             if selected.num_rows:
                 out[(topic, name)] = selected.select(list(CHANNEL_COLUMNS))

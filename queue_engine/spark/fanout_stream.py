@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
-from queue_engine.fanout import CHANNEL_COLUMNS, CHANNEL_WRITES, route
+from queue_engine.fanout import CHANNEL_COLUMNS, CHANNEL_WRITES, receivers, route
 from queue_engine.registry import ChannelInfo, Registry
 from queue_engine.spark.session import Engine, engine
 from queue_engine.store.append_once import IdempotentAppender
@@ -126,11 +126,7 @@ def fanout_batch_by_spark(
         }
         written = 0
         for topic in sorted(newest):
-            info = registry.topics.get(topic)
-            if info is None:
-                continue  # deleted meanwhile: nobody receives its messages
-            for name, channel in sorted(info.channels.items()):
-                # queue_engine.fanout.route's rule: rows after the channel's start version.
+            for name, channel in receivers(registry, topic):
                 if newest[topic] <= channel.start_version:
                     continue
                 path = warehouse.channel_messages_path(topic, name)

@@ -48,7 +48,6 @@ from queue_engine.store.state import (
     WRITER_KEY,
     StateMeta,
     read_meta,
-    read_state,
     write_state,
 )
 from queue_engine.store.tables import (
@@ -250,9 +249,10 @@ def sweep(
         report.seconds = time.perf_counter() - started
         return report
     parallelism = partitions or max(2, spark.sparkContext.defaultParallelism)
-    if _fits_the_driver(plans, local_max_rows):
+    inputs = _driver_inputs(plans, local_max_rows) if local_max_rows > 0 else None
+    if inputs is not None:
         report.folded_on = "driver"
-        results = [_fold_on_driver(p, now) for p in plans]
+        results = [i.fold(now) for i in inputs]
     else:
         results = _fold_with_spark(spark, plans, now, parallelism)
     for p, rows in zip(plans, results, strict=True):
@@ -306,50 +306,63 @@ def _fold_with_spark(
     ]
 
 
-def _fits_the_driver(plans: list[ChannelPlan], max_rows: int) -> bool:
-    """Whether the plans' inputs total at most ``max_rows`` rows (counting stops past it)."""
+@dataclass(frozen=True)
+class _DriverInputs:
+    """One plan's fold inputs, located through the commit log once: counted to choose where
+    to fold, then read from the same files if the driver folds."""
+
+    plan: ChannelPlan
+    state: DeltaTable | None
+    messages: list[AddedFile]
+    ledger: list[AddedFile]
+
+    @classmethod
+    def of(cls, p: ChannelPlan) -> _DriverInputs:
+        state = DeltaTable(p.state_path, version=p.meta.state_version) if p.meta else None
+        return cls(
+            p,
+            state,
+            added_files(p.messages_path, _messages_after(p), p.messages_version),
+            added_files(p.ledger_path, _ledger_after(p), p.ledger_version),
+        )
+
+    def rows(self, unknown: int) -> int:
+        """The rows ``fold_frame`` would read, from Delta statistics (a file without a row
+        count counts as ``unknown`` + 1: too many to fold on the driver)."""
+        counts = [f.num_records for f in (*self.messages, *self.ledger)]
+        if self.state is not None:
+            counts += pa.table(self.state.get_add_actions(flatten=True))["num_records"].to_pylist()
+        return sum(unknown + 1 if n is None else int(n) for n in counts)
+
+    def fold(self, now: int) -> pa.Table:
+        """The plan's fold output, computed here from the same inputs as ``fold_frame`` reads."""
+        p = self.plan
+        rows = fold_tables(
+            self.state.to_pyarrow_table() if self.state is not None else None,
+            _rows(self.messages, CHANNEL_MESSAGES_SCHEMA),
+            _rows(self.ledger, LEDGER_SCHEMA),
+            now,
+            p.ledger_version,
+        )
+        chan = pa.array([p.index] * rows.num_rows, pa.int32())
+        return rows.append_column(CHANNEL_COLUMN, chan).cast(_OUTPUT_ARROW_SCHEMA)
+
+
+def _driver_inputs(plans: list[ChannelPlan], max_rows: int) -> list[_DriverInputs] | None:
+    """The plans' inputs if they total at most ``max_rows`` rows, else None (counting stops
+    once past it)."""
+    inputs: list[_DriverInputs] = []
     total = 0
     for p in plans:
-        total += _input_rows(p, max_rows)
+        inputs.append(_DriverInputs.of(p))
+        total += inputs[-1].rows(max_rows)
         if total > max_rows:
-            return False
-    return True
+            return None
+    return inputs
 
 
-def _input_rows(p: ChannelPlan, unknown: int) -> int:
-    """The rows ``fold_frame`` would read for ``p``, from Delta statistics (a file without a
-    row count counts as ``unknown`` + 1: too many to fold on the driver)."""
-
-    def counted(files: list[AddedFile]) -> int:
-        return sum(unknown + 1 if f.num_records is None else f.num_records for f in files)
-
-    rows = 0
-    if p.meta is not None:
-        dt = DeltaTable(p.state_path, version=p.meta.state_version)
-        counts = pa.table(dt.get_add_actions(flatten=True))["num_records"].to_pylist()
-        rows += sum(unknown + 1 if n is None else int(n) for n in counts)
-    rows += counted(added_files(p.messages_path, _messages_after(p), p.messages_version))
-    rows += counted(added_files(p.ledger_path, _ledger_after(p), p.ledger_version))
-    return rows
-
-
-def _fold_on_driver(p: ChannelPlan, now: int) -> pa.Table:
-    """``p``'s fold output computed here, from the same inputs as ``fold_frame`` reads."""
-    state = read_state(p.state_path, p.meta) if p.meta is not None else None
-    messages = _added_rows(
-        p.messages_path, _messages_after(p), p.messages_version, CHANNEL_MESSAGES_SCHEMA
-    )
-    ledger = _added_rows(p.ledger_path, _ledger_after(p), p.ledger_version, LEDGER_SCHEMA)
-    rows = fold_tables(state, messages, ledger, now, p.ledger_version)
-    chan = pa.array([p.index] * rows.num_rows, pa.int32())
-    return rows.append_column(CHANNEL_COLUMN, chan).cast(_OUTPUT_ARROW_SCHEMA)
-
-
-def _added_rows(path: str, after: int, to: int, schema: pa.Schema) -> pa.Table | None:
-    files = added_files(path, after, to)
-    if not files:
-        return None
-    return parquet_dataset([f.path for f in files], schema).to_table()
+def _rows(files: list[AddedFile], schema: pa.Schema) -> pa.Table | None:
+    return parquet_dataset([f.path for f in files], schema).to_table() if files else None
 
 
 def _messages_after(p: ChannelPlan) -> int:
