@@ -56,7 +56,6 @@ from pyspark.sql.types import StructType
 from queue_engine.registry import Registry
 from queue_engine.store.append_once import append_once
 from queue_engine.store.commit_log import (
-    AddedFile,
     AddedFilesCache,
     added_files,
     latest_version,
@@ -328,6 +327,8 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target: dict[str, list[int]] | None = None
         self._registry_reader = RegistryReader(self.warehouse.registry_path)
         self._known: dict[str, int] = {}
+        # Rows of the batch the last latestOffset sized under a file budget (None: no budget).
+        self.last_rows: int | None = None
         self._log = AddedFilesCache()
 
     def _registry(self) -> Registry:
@@ -373,6 +374,9 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 budget -= max(0, latest - begin_version)
                 rows_left -= rows
             end[name] = [seq, max(latest, begin_version)]
+        # Counted while sizing the batch (from the commits' statistics): the hybrid reader
+        # decides on it whether to prefetch.
+        self.last_rows = None if budget is None else self.max_rows - rows_left
         return end
 
     def _row_capped(self, path: str, begin: int, latest: int, rows_left: int) -> tuple[int, int]:
@@ -386,22 +390,16 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             total += rows
         return latest, total
 
-    def _added(
-        self, start: dict[str, list[int]], end: dict[str, list[int]]
-    ) -> Iterator[tuple[str, AddedFile]]:
-        """(topic, file) for each file versions (start, end] added, topics in name order."""
-        for name, (seq, version) in sorted(end.items()):
-            path = self.warehouse.topic_path(name)
-            for f in self._log.added(path, _begin_version(start, name, seq), version):
-                yield name, f
-
     def planned(self, start: dict[str, list[int]], end: dict[str, list[int]]) -> list[FileRef]:
-        """The files of the micro-batch (start, end], with their topic and version."""
-        return [(f.path, name, f.version) for name, f in self._added(start, end)]
-
-    def rows(self, start: dict[str, list[int]], end: dict[str, list[int]]) -> int:
-        """The micro-batch's row count, from the commits' statistics."""
-        return sum(f.num_records or 0 for _, f in self._added(start, end))
+        """The files of the micro-batch (start, end], with their topic and version, topics in
+        name order."""
+        return [
+            (f.path, name, f.version)
+            for name, (seq, version) in sorted(end.items())
+            for f in self._log.added(
+                self.warehouse.topic_path(name), _begin_version(start, name, seq), version
+            )
+        ]
 
     def partitions(
         self, start: dict[str, list[int]], end: dict[str, list[int]]
@@ -466,10 +464,11 @@ class TopicsHybridReader(_SimpleStreamReaderWrapper):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         end = self.offsets.latestOffset(start, ReadMaxFiles(self.offsets.max_files))
-        if end != start and self.offsets.rows(start, end) <= self.prefetch_max_rows:
+        rows = self.offsets.last_rows
+        if end != start and rows is not None and rows <= self.prefetch_max_rows:
             # A list iterator: Spark copies it (copy.copy) to send the prefetched rows.
-            rows = iter(list(self.simple_reader.readBetweenOffsets(start, end)))
-            self.add_result_to_cache(start, end, rows)
+            prefetched = iter(list(self.simple_reader.readBetweenOffsets(start, end)))
+            self.add_result_to_cache(start, end, prefetched)
         return end
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
