@@ -111,9 +111,11 @@ def fanout_batch_by_spark(
     registry_reader: RegistryReader,
     warehouse: Warehouse,
     channel_format: str,
+    created: set[tuple[str, int]],
 ) -> int:
     """Write one micro-batch into the channel tables with Spark's writer; return the number of
-    channel tables written."""
+    channel tables written. ``created``: the (table, channel creation) pairs known to exist,
+    kept across batches (opening a table to check replays its log)."""
     started = time.perf_counter()
     registry = registry_reader.get()
     # Read once, written to several channels (Spark's advice for foreachBatch fanouts).
@@ -130,7 +132,9 @@ def fanout_batch_by_spark(
                 if newest[topic] <= channel.start_version:
                     continue
                 path = warehouse.channel_messages_path(topic, name)
-                open_or_create(path, CHANNEL_MESSAGES_SCHEMA)
+                if (path, channel.created_at_us) not in created:
+                    open_or_create(path, CHANNEL_MESSAGES_SCHEMA)
+                    created.add((path, channel.created_at_us))
                 (
                     df.filter(
                         (F.col("topic") == topic)
@@ -205,9 +209,10 @@ def start_fanout(
 
     else:
         format_name = channel_format
+        created: set[tuple[str, int]] = set()
 
         def each_batch(df: DataFrame, batch_id: int) -> None:
-            fanout_batch_by_spark(df, batch_id, registry_reader, warehouse, format_name)
+            fanout_batch_by_spark(df, batch_id, registry_reader, warehouse, format_name, created)
 
     writer = source.writeStream.foreachBatch(each_batch).option(
         "checkpointLocation", checkpoint or f"{warehouse.checkpoints_root}/fanout"

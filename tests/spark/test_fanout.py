@@ -127,9 +127,10 @@ def test_spark_writer_skips_a_replayed_batch(
 
     batch = rows_of("t").union(rows_of("u"))
     reader = RegistryReader(warehouse.registry_path)
-    assert fanout_batch_by_spark(batch, 5, reader, warehouse, "deltaq") == 3
+    created: set[tuple[str, int]] = set()
+    assert fanout_batch_by_spark(batch, 5, reader, warehouse, "deltaq", created) == 3
     # Spark replays batch 5 after a crash: every channel already recorded it.
-    assert fanout_batch_by_spark(batch, 5, reader, warehouse, "deltaq") == 3
+    assert fanout_batch_by_spark(batch, 5, reader, warehouse, "deltaq", created) == 3
     assert channel_bodies(wh, "t", "x") == channel_bodies(wh, "t", "y") == [b"m0", b"m1", b"m2"]
     assert channel_bodies(wh, "u", "z") == [b"u0"]
     assert (
