@@ -5,8 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import swagger_ui_bundle
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 from api import admin, consume, info, publish
@@ -25,6 +29,9 @@ Errors are nsqd's: `{"message": "CODE"}`.
 """
 
 
+SWAGGER_ASSETS = "/_static/swagger-ui"
+
+
 def create_app(settings: Settings) -> FastAPI:
     """The API for one warehouse; the broker starts and stops with the app's lifespan."""
 
@@ -38,7 +45,32 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             await broker.close()
 
-    app = FastAPI(title="deltaq", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    # /docs is served from assets shipped in a package (swagger-ui-bundle), not from a CDN:
+    # the API is often run where there is no internet.
+    app = FastAPI(
+        title="deltaq",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.mount(
+        SWAGGER_ASSETS,
+        StaticFiles(directory=str(swagger_ui_bundle.swagger_ui_path)),
+        name="swagger-ui",
+    )
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title="deltaq API",
+            swagger_js_url=f"{SWAGGER_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{SWAGGER_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{SWAGGER_ASSETS}/favicon-32x32.png",
+        )
+
     app.include_router(publish.router)
     app.include_router(consume.router)
     app.include_router(admin.router)

@@ -54,7 +54,7 @@ def _integer(params: Mapping[str, str], name: str) -> int | None:
     if value is None or value == "":
         return None
     if not _INTEGER.match(value):
-        raise QueueError(ErrorCode.E_INVALID, f"{name}={value!r} is not an integer")
+        raise QueueError(ErrorCode.E_INVALID, f"not an integer: {value!r}", param=name)
     return int(value)
 
 
@@ -64,7 +64,7 @@ def _int(params: Mapping[str, str], name: str, default: int, low: int, high: int
     if number is None:
         return default
     if not low <= number <= high:
-        raise QueueError(ErrorCode.E_INVALID, f"{name}={number} is outside {low}..{high}")
+        raise QueueError(ErrorCode.E_INVALID, f"{number} is outside {low}..{high}", param=name)
     return number
 
 
@@ -95,7 +95,9 @@ async def subscribe(broker: Broker, params: Mapping[str, str], peer: str) -> byt
     )
     name = params.get("consumer") or peer
     if len(name) > MAX_CONSUMER_CHARS:
-        raise QueueError(ErrorCode.E_INVALID, "consumer name too long")
+        raise QueueError(
+            ErrorCode.E_INVALID, f"longer than {MAX_CONSUMER_CHARS} characters", param="consumer"
+        )
     deliveries = await broker.subscribe(
         topic_name,
         channel_name,
@@ -199,22 +201,32 @@ def _answers(query: Iterable[tuple[str, str]], body: bytes) -> list[Answer]:
         elif key == "lease":
             leases.append(value)
     if len(ids) != len(leases):
-        raise QueueError(ErrorCode.E_INVALID, "every id needs a lease")
+        raise QueueError(
+            ErrorCode.E_INVALID,
+            f"{len(ids)} id but {len(leases)} lease parameters: every id needs a lease",
+            param="lease",
+        )
     answers = [Answer(message_id, lease) for message_id, lease in zip(ids, leases, strict=True)]
     for line in body.decode("utf-8", errors="replace").splitlines():
         fields = line.split()
         if not fields:
             continue
         if len(fields) != 2:
-            raise QueueError(ErrorCode.E_INVALID, "each body line is: ID LEASE")
+            raise QueueError(ErrorCode.E_INVALID, f"line {line!r} is not: ID LEASE", param="body")
         answers.append(Answer(fields[0], fields[1]))
     if not answers:
-        raise QueueError(ErrorCode.E_INVALID, "no id and lease given")
+        raise QueueError(
+            ErrorCode.E_INVALID, "no id and lease in the query or the body", param="id"
+        )
     for message_id, lease in answers:
         if not _MESSAGE_ID.match(message_id):
-            raise QueueError(ErrorCode.E_INVALID, f"invalid message id {message_id!r}")
+            raise QueueError(
+                ErrorCode.E_INVALID,
+                f"not a message id (16 hex digits): {message_id!r}",
+                param="id",
+            )
         if lease_attempt(lease) is None:
-            raise QueueError(ErrorCode.E_INVALID, f"invalid lease {lease!r}")
+            raise QueueError(ErrorCode.E_INVALID, f"not a lease token: {lease!r}", param="lease")
     return answers
 
 

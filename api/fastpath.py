@@ -24,8 +24,7 @@ from api.responses import (
     NSQ_HEADER,
     STATUS,
     TEXT_TYPE,
-    error_body,
-    failed_body,
+    queue_error_body,
 )
 from queue_engine.broker import Broker
 from queue_engine.errors import ErrorCode, QueueError
@@ -95,7 +94,7 @@ class FastPath:
             else:
                 await answer(broker, _ANSWERS[path], params, query, read)
         except QueueError as exc:
-            body = error_body(exc.code) if exc.failed is None else failed_body(exc.code, exc.failed)
+            body = queue_error_body(exc)
             await send(
                 {
                     "type": "http.response.start",

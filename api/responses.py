@@ -60,16 +60,27 @@ def error_body(code: ErrorCode) -> bytes:
     return json.dumps({"message": str(code)}, separators=(",", ":")).encode()
 
 
-def failed_body(code: ErrorCode, failed: list[str]) -> bytes:
-    """The error body of a batch FIN/REQ/TOUCH: also lists the message ids it refused."""
-    return json.dumps({"message": str(code), "failed": failed}, separators=(",", ":")).encode()
+def queue_error_body(exc: QueueError) -> bytes:
+    """The body of a refused request: nsqd's ``{"message": CODE}``, plus, for deltaq's
+    consumer API, which ids a batch refused (``failed``) and, for E_INVALID, which parameter
+    was wrong and why (``param``, ``reason``: what nsqd's TCP protocol puts after the code)."""
+    payload: dict[str, Any] = {"message": str(exc.code)}
+    if exc.code is ErrorCode.E_INVALID:
+        if exc.param is not None:
+            payload["param"] = exc.param
+        if exc.detail:
+            payload["reason"] = exc.detail
+    if exc.failed is not None:
+        payload["failed"] = exc.failed
+    return json.dumps(payload, separators=(",", ":")).encode()
 
 
-def error(
-    code: ErrorCode, headers: dict[str, str] | None = None, failed: list[str] | None = None
-) -> Response:
-    """nsqd's error answer; ``failed`` lists the message ids a batch FIN/REQ/TOUCH refused."""
-    body = error_body(code) if failed is None else failed_body(code, failed)
+def error(code: ErrorCode, headers: dict[str, str] | None = None) -> Response:
+    """nsqd's error answer."""
+    return _error_response(code, error_body(code), headers)
+
+
+def _error_response(code: ErrorCode, body: bytes, headers: dict[str, str] | None) -> Response:
     return Response(
         body,
         status_code=STATUS[code],
@@ -79,7 +90,7 @@ def error(
 
 
 def from_queue_error(exc: QueueError) -> Response:
-    return error(exc.code, failed=exc.failed)
+    return _error_response(exc.code, queue_error_body(exc), None)
 
 
 def error_doc(*codes: ErrorCode) -> dict[int | str, dict[str, Any]]:

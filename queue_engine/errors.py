@@ -38,9 +38,18 @@ class ErrorCode(StrEnum):
 class QueueError(Exception):
     """A request the queue refuses; ``code`` is what the client sees."""
 
-    def __init__(self, code: ErrorCode, detail: str = "", failed: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        code: ErrorCode,
+        detail: str = "",
+        failed: list[str] | None = None,
+        *,
+        param: str | None = None,
+    ) -> None:
         super().__init__(f"{code}: {detail}" if detail else str(code))
         self.code = code
         self.detail = detail
         # For batch FIN/REQ/TOUCH: the message ids that were refused (nothing was applied).
         self.failed = failed
+        # For E_INVALID: the request parameter that was wrong ("max", "id", "body", ...).
+        self.param = param

@@ -17,25 +17,39 @@ from tests.consumers import answer, body, channel_stats, create_channel, sub
 
 
 @pytest.mark.parametrize(
-    ("path", "params", "code", "status"),
+    ("params", "code", "param"),
     [
-        ("/sub", {"channel": "c"}, "MISSING_ARG_TOPIC", 400),
-        ("/sub", {"topic": "t"}, "MISSING_ARG_CHANNEL", 400),
-        ("/sub", {"topic": "t!", "channel": "c"}, "INVALID_TOPIC", 400),
-        ("/sub", {"topic": "t", "channel": "c", "max": "0"}, "E_INVALID", 400),
-        ("/sub", {"topic": "t", "channel": "c", "max": "2501"}, "E_INVALID", 400),
-        ("/sub", {"topic": "t", "channel": "c", "max": "9" * 40}, "E_INVALID", 400),
-        ("/sub", {"topic": "t", "channel": "c", "max": "ten"}, "E_INVALID", 400),
-        ("/sub", {"topic": "t", "channel": "c", "wait_ms": "60001"}, "E_INVALID", 400),
-        ("/sub", {"topic": "t", "channel": "c", "msg_timeout_ms": "999"}, "E_INVALID", 400),
-        ("/sub", {"topic": "t", "channel": "c", "msg_timeout_ms": "900001"}, "E_INVALID", 400),
+        ({"channel": "c"}, "MISSING_ARG_TOPIC", None),
+        ({"topic": "t"}, "MISSING_ARG_CHANNEL", None),
+        ({"topic": "t!", "channel": "c"}, "INVALID_TOPIC", None),
+        ({"topic": "t", "channel": "c", "max": "0"}, "E_INVALID", "max"),
+        ({"topic": "t", "channel": "c", "max": "2501"}, "E_INVALID", "max"),
+        ({"topic": "t", "channel": "c", "max": "9" * 40}, "E_INVALID", "max"),
+        ({"topic": "t", "channel": "c", "max": "ten"}, "E_INVALID", "max"),
+        ({"topic": "t", "channel": "c", "wait_ms": "-1"}, "E_INVALID", "wait_ms"),
+        ({"topic": "t", "channel": "c", "wait_ms": "60001"}, "E_INVALID", "wait_ms"),
+        ({"topic": "t", "channel": "c", "msg_timeout_ms": "999"}, "E_INVALID", "msg_timeout_ms"),
+        (
+            {"topic": "t", "channel": "c", "msg_timeout_ms": "900001"},
+            "E_INVALID",
+            "msg_timeout_ms",
+        ),
+        ({"topic": "t", "channel": "c", "consumer": "x" * 129}, "E_INVALID", "consumer"),
     ],
 )
 def test_bad_sub_parameters(
-    client: httpx.Client, path: str, params: dict[str, str], code: str, status: int
+    client: httpx.Client, params: dict[str, str], code: str, param: str | None
 ) -> None:
-    r = client.get(path, params=params)
-    assert (r.status_code, r.json()) == (status, {"message": code})
+    """nsqd's codes; E_INVALID also names the parameter and says what is wrong with it."""
+    r = client.get("/sub", params=params)
+    assert r.status_code == 400
+    answer = r.json()
+    if param is None:
+        assert answer == {"message": code}
+        return
+    assert (answer["message"], answer["param"]) == (code, param)
+    expected = "128 characters" if param == "consumer" else params[param]
+    assert expected in answer["reason"], answer
 
 
 def test_bad_answers(client: httpx.Client) -> None:
@@ -56,11 +70,11 @@ def test_bad_answers(client: httpx.Client) -> None:
             409,
             "E_TOUCH_FAILED",
         ),
-        ("/fin", {**base, "id": "not-an-id", "lease": "1-0123456789ab"}, b"", 400, "E_INVALID"),
-        ("/fin", {**base, "id": "0123456789abcdef", "lease": "garbage"}, b"", 400, "E_INVALID"),
-        ("/fin", {**base, "id": "0123456789abcdef"}, b"", 400, "E_INVALID"),
-        ("/fin", base, b"", 400, "E_INVALID"),
-        ("/fin", base, b"0123456789abcdef\n", 400, "E_INVALID"),
+        ("/fin", {**base, "id": "bad-id", "lease": "1-0123456789ab"}, b"", 400, "E_INVALID:id"),
+        ("/fin", {**base, "id": "0123456789abcdef", "lease": "x"}, b"", 400, "E_INVALID:lease"),
+        ("/fin", {**base, "id": "0123456789abcdef"}, b"", 400, "E_INVALID:lease"),
+        ("/fin", base, b"", 400, "E_INVALID:id"),
+        ("/fin", base, b"0123456789abcdef\n", 400, "E_INVALID:body"),
         # Over the server's max_body_size_bytes (4096 here).
         ("/fin", base, b"0123456789abcdef 1-0123456789ab\n" * 200, 413, "BODY_TOO_BIG"),
         (
@@ -68,7 +82,7 @@ def test_bad_answers(client: httpx.Client) -> None:
             {**base, "delay_ms": "soon"},
             b"0123456789abcdef 1-0123456789ab",
             400,
-            "E_INVALID",
+            "E_INVALID:delay_ms",
         ),
         (
             "/fin",
@@ -85,9 +99,12 @@ def test_bad_answers(client: httpx.Client) -> None:
             "TOPIC_NOT_FOUND",
         ),
     ]
-    for path, params, content, status, code in cases:
+    for path, params, content, status, expected in cases:
+        code, _, param = expected.partition(":")
         r = client.post(path, params=params, content=content)
         assert (r.status_code, r.json()["message"]) == (status, code), (path, params, content)
+        if param:
+            assert r.json()["param"] == param and r.json()["reason"], (params, r.json())
         if code.endswith("_FAILED"):
             assert r.json()["failed"] == ["0123456789abcdef"]
     # Nothing was written to the ledger by any of them.

@@ -6,6 +6,7 @@ The shared server runs with max_msg_size 1024, max_body_size 4096, max_req_timeo
 from __future__ import annotations
 
 import itertools
+import re
 import struct
 import time
 
@@ -441,3 +442,17 @@ def test_channel_ops_validate_args(client: httpx.Client, op: str) -> None:
     assert_error(
         client.post(path, params={"topic": "t", "channel": "c" * 65}), 400, "INVALID_CHANNEL"
     )
+
+
+def test_docs_page_needs_no_network(client: httpx.Client) -> None:
+    """/docs loads Swagger UI from the API itself: every script and stylesheet it names is
+    served here, and nothing points at another host."""
+    page = client.get("/docs")
+    assert page.status_code == 200
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert any(a.endswith("swagger-ui-bundle.js") for a in assets), assets
+    for asset in assets:
+        assert asset.startswith("/"), f"/docs loads {asset} from elsewhere"
+        r = client.get(asset)
+        assert r.status_code == 200 and len(r.content) > 0, asset
+    assert "/openapi.json" in page.text
