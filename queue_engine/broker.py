@@ -403,8 +403,7 @@ class Broker:
         durations = (
             sorted(self._writers[info.name].commit_seconds) if info.name in self._writers else []
         )
-        # Until the fanout job has taken them, messages wait in the topic (nsqd's topic depth).
-        depth = max(0, stats.message_count - info.empty_message_count)
+        depth = self._topic_depth(info, stats)
         return TopicStats(
             name=info.name,
             paused=info.paused,
@@ -417,6 +416,24 @@ class Broker:
             commit_p50_ms=_percentile_ms(durations, 0.50),
             commit_p99_ms=_percentile_ms(durations, 0.99),
         )
+
+    def _topic_depth(self, info: TopicInfo, stats: CommitStats) -> int:
+        """Messages no channel has taken yet (nsqd's topic depth): those committed after the
+        newest topic version the fanout has put in any of the topic's channels, and after the
+        last /topic/empty. A topic without channels keeps everything (nsqd buffers them)."""
+        writer = self._writers.get(info.name)
+        if writer is None:
+            return 0
+        fanned = max(
+            (
+                runtime.fanned_topic_version
+                for (topic, _), runtime in self._channels.items()
+                if topic == info.name
+            ),
+            default=-1,
+        )
+        taken = writer.messages_through(fanned) if fanned >= 0 else 0
+        return max(0, stats.message_count - max(taken, info.empty_message_count))
 
     def _channel_stats(self, topic: str, channel: str, paused: bool) -> ChannelStats:
         runtime = self._channels.get((topic, channel))

@@ -372,6 +372,11 @@ class ChannelRuntime:
 
     # -- figures ----------------------------------------------------------------------------
 
+    @property
+    def fanned_topic_version(self) -> int:
+        """The newest topic version the fanout has put in this channel's table (-1: none)."""
+        return self._reader.max_topic_version
+
     def counts(self) -> ChannelCounts:
         cutoff = time.monotonic() - CLIENT_IDLE_S
         self._clients = {c: t for c, t in self._clients.items() if t >= cutoff}

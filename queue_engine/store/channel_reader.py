@@ -39,6 +39,8 @@ class ChannelReader:
         self.path = path
         self.version = -1
         self.message_count = 0
+        # The newest topic version whose messages the fanout has put in this table (-1: none).
+        self.max_topic_version = -1
         # Rows in files not yet read, plus the rest of the current file.
         self.unread_rows = 0
         self._pending: deque[_File] = deque()
@@ -69,6 +71,8 @@ class ChannelReader:
         kept: list[str] = []
         for path, count, top in zip(paths, rows, highest, strict=True):
             self.message_count += int(count or 0)
+            if top is not None:
+                self.max_topic_version = max(self.max_topic_version, int(top))
             if top is not None and int(top) < skip_below_topic_version:
                 continue
             self._pending.append(_File(path, int(count or 0), from_snapshot=True))
@@ -91,6 +95,8 @@ class ChannelReader:
                 count = pq.ParquetFile(fs.open_input_file(local)).metadata.num_rows
             self._pending.append(_File(added.path, count, from_snapshot=False))
             self.paths.append(added.path)
+            if added.max_topic_version is not None:
+                self.max_topic_version = max(self.max_topic_version, added.max_topic_version)
             rows += count
         self.version = latest
         self.message_count += rows

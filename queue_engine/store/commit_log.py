@@ -25,6 +25,8 @@ class AddedFile:
     path: str  # absolute path or URL of the data file
     size: int
     num_records: int | None
+    # The file's largest ``topic_version`` (channel tables), from its statistics.
+    max_topic_version: int | None = None
 
 
 def commit_file(version: int) -> str:
@@ -54,6 +56,19 @@ def latest_version(root: str, known: int = -1) -> int:
     return version
 
 
+def messages_added(root: str, start_exclusive: int, end_inclusive: int) -> dict[int, int]:
+    """Rows each version in ``(start_exclusive, end_inclusive]`` added (versions whose commit
+    file is gone, after log cleanup, are left out)."""
+    counts: dict[int, int] = {}
+    for version in range(start_exclusive + 1, end_inclusive + 1):
+        try:
+            files = version_added_files(root, version)
+        except FileNotFoundError:
+            continue
+        counts[version] = sum(f.num_records or 0 for f in files)
+    return counts
+
+
 def added_files(root: str, start_exclusive: int, end_inclusive: int) -> list[AddedFile]:
     """Data files that versions ``(start_exclusive, end_inclusive]`` added with dataChange."""
     files: list[AddedFile] = []
@@ -79,10 +94,16 @@ def version_added_files(root: str, version: int) -> list[AddedFile]:
         add = action.get("add")
         if add is None or not add.get("dataChange", True):
             continue
-        stats = add.get("stats")
-        records = json.loads(stats).get("numRecords") if stats else None
+        stats = json.loads(add["stats"]) if add.get("stats") else {}
+        top = stats.get("maxValues", {}).get("topic_version")
         files.append(
-            AddedFile(version, absolute_path(root, unquote(add["path"])), int(add["size"]), records)
+            AddedFile(
+                version,
+                absolute_path(root, unquote(add["path"])),
+                int(add["size"]),
+                stats.get("numRecords"),
+                None if top is None else int(top),
+            )
         )
     return files
 

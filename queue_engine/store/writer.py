@@ -5,6 +5,7 @@ Ids are allocated at commit time, in commit order, so a topic's ids increase wit
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
 import time
@@ -17,6 +18,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from queue_engine.message import IdAllocator, id_from_hex
+from queue_engine.store.commit_log import messages_added
 from queue_engine.store.group_commit import GroupCommitter, Notify, WriterClosedError
 from queue_engine.store.ids import hex_id_array
 from queue_engine.store.tables import TOPIC_SCHEMA, open_or_create
@@ -65,6 +67,12 @@ class TopicWriter(GroupCommitter[_Publish]):
         self._ids = IdAllocator(floor)
         self._version = dt.version()
         self._message_count = count
+        # (version, messages in the table through that version), one per commit since open,
+        # ascending: how many messages a reader that reached a version has passed. Versions
+        # before open are counted from the commit log when first asked (``messages_through``).
+        self._marks: list[tuple[int, int]] = [(self._version, count)]
+        # Rows each version added, read from the commit log for versions older than the marks.
+        self._log_counts: dict[int, int] = {}
         self._commits = 0
         self._committed_messages = 0
         self._committed_bytes = 0
@@ -91,6 +99,28 @@ class TopicWriter(GroupCommitter[_Publish]):
                 self._committed_bytes,
             )
 
+    def messages_through(self, version: int) -> int:
+        """Messages the table held as of ``version`` (0 before the first version).
+
+        The API's topic depth is the messages no channel has taken yet; a reader reports the
+        topic version it reached, and this turns that into a count. Marks older than the
+        version asked are dropped (readers move forward); a version older than every mark
+        (before this writer opened, after a restart) is counted back from the commit log.
+        """
+        if version < 0:
+            return 0
+        with self._cond:
+            anchor_version, anchor_count = self._marks[0]
+            if version >= anchor_version:
+                at = bisect.bisect_right(self._marks, (version, 1 << 62)) - 1
+                del self._marks[:at]
+                return self._marks[0][1]
+        missing = [v for v in range(version + 1, anchor_version + 1) if v not in self._log_counts]
+        if missing:
+            self._log_counts.update(messages_added(self.path, missing[0] - 1, missing[-1]))
+        later = sum(self._log_counts.get(v, 0) for v in range(version + 1, anchor_version + 1))
+        return max(0, anchor_count - later)
+
     def _commit(self, batch: list[_Publish]) -> None:
         count = sum(len(p.bodies) for p in batch)
         first = self._ids.allocate(count, time.time_ns() // 1_000_000)
@@ -99,6 +129,7 @@ class TopicWriter(GroupCommitter[_Publish]):
         with self._cond:
             self._version = max(self._version, version)
             self._message_count += count
+            self._marks.append((version, self._message_count))
             self._commits += 1
             self._committed_messages += count
             self._committed_bytes += nbytes

@@ -139,3 +139,33 @@ def test_deferred_messages_are_honoured_across_an_api_restart(
     # Not before their time; and promptly after (the API promotes due deferrals itself).
     assert received >= max(requeued_at, published_at) + 4.0 - 0.05
     assert received <= max(requeued_at, published_at) + 4.0 + 5.0
+
+
+def _topic_depth(c: httpx.Client, topic: str) -> int:
+    [t] = c.get("/stats", params={"format": "json", "topic": topic}).json()["topics"]
+    return int(t["depth"])
+
+
+def _await_depth(c: httpx.Client, topic: str, expected: int) -> None:
+    deadline = time.monotonic() + 30
+    while _topic_depth(c, topic) != expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _topic_depth(c, topic) == expected
+
+
+def test_topic_depth_counts_what_no_channel_has_taken(http: httpx.Client) -> None:
+    """nsqd's topic depth is the topic's backlog: what the fanout has not taken yet. It falls
+    to 0 once the fanout has put the messages in the channel, whatever the consumers do."""
+    create_channel(http, "tdepth", "c")
+    publish(http, "tdepth", *[f"m{i}".encode() for i in range(5)])
+    for m in take(http, "tdepth", "c", 5):
+        assert answer(http, "fin", "tdepth", "c", m).text == "OK"
+    _await_depth(http, "tdepth", 0)
+    # A paused topic is not fanned out: its new messages stay in its depth.
+    assert http.post("/topic/pause", params={"topic": "tdepth"}).status_code == 200
+    publish(http, "tdepth", b"x", b"y", b"z")
+    time.sleep(1.0)
+    assert _topic_depth(http, "tdepth") == 3
+    assert http.post("/topic/unpause", params={"topic": "tdepth"}).status_code == 200
+    _await_depth(http, "tdepth", 0)
+    assert channel_stats(http, "tdepth", "c")["depth"] == 3

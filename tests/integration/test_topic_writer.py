@@ -280,3 +280,35 @@ def test_checkpoints_wait_for_the_minimum_interval(tmp_path: Path) -> None:
     # Due by commits every round, but only the first round is past the minimum interval.
     assert m.checkpoints == 1
     assert DeltaTable(path).to_pyarrow_table().num_rows == 30
+
+
+def test_messages_through_a_version_before_and_after_reopening(tmp_path: Path) -> None:
+    """The count behind the topic depth: messages in the table as of a version, for versions
+    this writer committed and for older ones (read from the commit log after a restart)."""
+    path = str(tmp_path / "t")
+    results = Results()
+    writer = TopicWriter(path, results, commit_max_bytes=1 << 20)
+    sizes = [3, 1, 4, 1, 5]
+    for i, n in enumerate(sizes):
+        writer.submit_publish([b"x"] * n, now_us(), None, i)
+        results.wait(i + 1)  # one commit each
+    versions = [writer.stats().version - len(sizes) + 1 + i for i in range(len(sizes))]
+    writer.close()
+    cumulative = [sum(sizes[: i + 1]) for i in range(len(sizes))]
+
+    again = TopicWriter(path, Results(), commit_max_bytes=1 << 20)
+    try:
+        assert again.messages_through(-1) == 0
+        assert [again.messages_through(v) for v in versions] == cumulative
+        assert again.messages_through(versions[0] - 1) == 0  # the table's creation
+        done = Results()
+        again.submit_publish([b"y"] * 7, now_us(), None, "late")
+        done.wait(0)
+        deadline = time.monotonic() + 10
+        while again.stats().message_count < 21 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        newest = again.stats().version
+        assert again.messages_through(newest) == 21
+        assert again.messages_through(newest - 1) == 14
+    finally:
+        again.close()
