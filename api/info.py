@@ -14,6 +14,7 @@ from api.responses import TEXT_TYPE, ok_json
 from api.state import broker_of
 from queue_engine import __version__
 from queue_engine.broker import TopicStats
+from queue_engine.delivery import ConsumerSeen
 
 router = APIRouter(tags=["info"])
 
@@ -55,6 +56,30 @@ def _e2e() -> dict[str, Any]:
     return {"count": 0, "percentiles": None}
 
 
+def _client_json(client: ConsumerSeen) -> dict[str, Any]:
+    """An HTTP consumer in nsqd's client shape. It has no connection: ``client_id`` is the
+    name it gave (``consumer=``, else its address); counts are of deliveries to it."""
+    host = client.name.rsplit(":", 1)[0] if ":" in client.name else client.name
+    return {
+        "client_id": client.name,
+        "hostname": host,
+        "version": "HTTP",
+        "remote_address": client.name,
+        "state": 3,  # nsqd's stateSubscribed
+        "ready_count": 0,
+        "in_flight_count": client.in_flight,
+        "message_count": client.delivered,
+        "finish_count": 0,
+        "requeue_count": 0,
+        "connect_ts": int(client.first_seen),
+        "sample_rate": 0,
+        "deflate": False,
+        "snappy": False,
+        "user_agent": "",
+        "tls": False,
+    }
+
+
 def _topic_json(t: TopicStats) -> dict[str, Any]:
     return {
         "topic_name": t.name,
@@ -69,7 +94,7 @@ def _topic_json(t: TopicStats) -> dict[str, Any]:
                 "requeue_count": c.requeue_count,
                 "timeout_count": c.timeout_count,
                 "client_count": c.client_count,
-                "clients": [],
+                "clients": [_client_json(k) for k in c.clients],
                 "paused": c.paused,
                 "e2e_processing_latency": _e2e(),
             }

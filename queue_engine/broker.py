@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from queue_engine.channel_queue import Answer, Delivery
-from queue_engine.delivery import ChannelRuntime
+from queue_engine.delivery import ChannelRuntime, ConsumerSeen
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.lease import EventKind
 from queue_engine.names import path_segment
@@ -43,7 +43,11 @@ class ChannelStats:
     message_count: int = 0
     requeue_count: int = 0
     timeout_count: int = 0
-    client_count: int = 0
+    clients: tuple[ConsumerSeen, ...] = ()
+
+    @property
+    def client_count(self) -> int:
+        return len(self.clients)
 
 
 @dataclass(frozen=True)
@@ -449,7 +453,7 @@ class Broker:
             message_count=counts.message_count,
             requeue_count=counts.requeue_count,
             timeout_count=counts.timeout_count,
-            client_count=counts.client_count,
+            clients=tuple(counts.clients),
         )
 
     # -- internals ------------------------------------------------------------------------

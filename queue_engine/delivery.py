@@ -47,6 +47,17 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
+@dataclass
+class ConsumerSeen:
+    """An HTTP consumer of a channel, as nsqd lists a client: who, since when, how much."""
+
+    name: str
+    first_seen: float  # wall clock, s
+    last_seen: float  # monotonic, s
+    delivered: int = 0
+    in_flight: int = 0
+
+
 @dataclass(frozen=True)
 class ChannelCounts:
     """nsqd's per-channel figures."""
@@ -57,7 +68,11 @@ class ChannelCounts:
     message_count: int
     requeue_count: int
     timeout_count: int
-    client_count: int
+    clients: list[ConsumerSeen]
+
+    @property
+    def client_count(self) -> int:
+        return len(self.clients)
 
 
 class ChannelRuntime:
@@ -95,7 +110,7 @@ class ChannelRuntime:
         self._writer: LoopLedgerWriter | LedgerWriter | None = None
         self._changed = asyncio.Condition()
         self._load_lock = asyncio.Lock()
-        self._clients: dict[str, float] = {}
+        self._clients: dict[str, ConsumerSeen] = {}
         self._fetching = False
         self.waiting = 0
         self.closed = False
@@ -206,7 +221,10 @@ class ChannelRuntime:
         """Lease up to ``limit`` messages, waiting up to ``wait_s`` for the first one."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
-        self._clients[consumer] = time.monotonic()
+        client = self._clients.get(consumer)
+        if client is None:
+            client = self._clients[consumer] = ConsumerSeen(consumer, time.time(), 0.0)
+        client.last_seen = time.monotonic()
         while not self.closed:
             if not self._is_paused() and not self._broken:
                 await self.refill()
@@ -215,6 +233,8 @@ class ChannelRuntime:
                     self._fetch_bodies()
                 if deliveries:
                     await self._write(events)
+                    client.delivered += len(deliveries)
+                    client.last_seen = time.monotonic()
                     return deliveries
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -379,7 +399,13 @@ class ChannelRuntime:
 
     def counts(self) -> ChannelCounts:
         cutoff = time.monotonic() - CLIENT_IDLE_S
-        self._clients = {c: t for c, t in self._clients.items() if t >= cutoff}
+        self._clients = {n: c for n, c in self._clients.items() if c.last_seen >= cutoff}
+        owners: dict[str | None, int] = {}
+        for message_id in self.queue.in_flight:
+            owner = self.queue.states[message_id].lease_owner
+            owners[owner] = owners.get(owner, 0) + 1
+        for client in self._clients.values():
+            client.in_flight = owners.get(client.name, 0)
         return ChannelCounts(
             depth=self.queue.ready_count + max(0, self._reader.unread_rows - self._known_unread),
             in_flight_count=len(self.queue.in_flight),
@@ -387,7 +413,7 @@ class ChannelRuntime:
             message_count=self._reader.message_count,
             requeue_count=self.queue.requeue_count,
             timeout_count=self.queue.timeout_count,
-            client_count=len(self._clients),
+            clients=sorted(self._clients.values(), key=lambda c: c.name),
         )
 
     # -- internals --------------------------------------------------------------------------

@@ -10,7 +10,7 @@ Views (every per-channel view has ``topic`` and ``channel`` columns first):
   lease_expires_at, deliver_at, ..., swept_at).
 - ``queue_stats``: per channel, as of its last sweep: depth, in_flight, deferred,
   oldest_ready_age_s, requeues, timeouts (nsqd's counters: every message the channel had),
-  fin_per_s (FINs in the minute before the sweep / 60).
+  fin_per_s (FINs in the minute before the sweep / 60, to 3 decimals).
 
 ``as_of`` (a timestamp) reads every table as it was then (Delta time travel): the registry,
 the channel tables, the ledgers, and the state each channel's sweep had written by then.
@@ -180,7 +180,7 @@ SELECT
     AS oldest_ready_age_s,
   s.finished_requeues + COALESCE(a.requeues, 0) AS requeues,
   s.finished_timeouts + COALESCE(a.timeouts, 0) AS timeouts,
-  CAST(COALESCE(f.fins, 0) AS DOUBLE) / 60 AS fin_per_s,
+  ROUND(CAST(COALESCE(f.fins, 0) AS DOUBLE) / 60, 3) AS fin_per_s,
   s.swept_at
 FROM _deltaq_sweeps s
 LEFT JOIN (

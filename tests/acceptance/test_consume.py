@@ -95,6 +95,10 @@ def test_many_consumers_on_two_channels_each_get_every_message_once(
         assert stats["depth"] == 0 and stats["in_flight_count"] == 0
         assert stats["message_count"] == len(sent)
         assert stats["client_count"] == 4
+        clients = {c["client_id"]: c for c in stats["clients"]}
+        assert sorted(clients) == [f"{ch}-{i}" for i in range(4)]
+        assert sum(c["message_count"] for c in clients.values()) == len(sent)
+        assert all(c["in_flight_count"] == 0 for c in clients.values())
 
 
 def test_req_with_and_without_delay(http: httpx.Client) -> None:
