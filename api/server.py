@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import socket
 import sys
+from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
@@ -20,8 +22,9 @@ log = logging.getLogger(__name__)
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
-def serve(settings: Settings) -> None:
-    """Serve until SIGINT/SIGTERM; pending publishes are committed before exit."""
+def serve(settings: Settings, on_started: Callable[[], None] | None = None) -> None:
+    """Serve until SIGINT/SIGTERM; pending publishes are committed before exit.
+    ``on_started`` is called once the server listens."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     app = create_app(settings)
     config = uvicorn.Config(
@@ -38,16 +41,24 @@ def serve(settings: Settings) -> None:
     log.info(
         "deltaq API on http://%s:%d, warehouse %s", settings.host, settings.port, settings.warehouse
     )
-    _Server(config, app.state).run()
+    _Server(config, app.state, on_started).run()
 
 
 class _Server(uvicorn.Server):
     """uvicorn waits for open requests before shutting down; a long-polling SUB may wait a
     minute, so on SIGINT/SIGTERM waiting SUBs are answered first (with no messages)."""
 
-    def __init__(self, config: uvicorn.Config, state: object) -> None:
+    def __init__(
+        self, config: uvicorn.Config, state: object, on_started: Callable[[], None] | None
+    ) -> None:
         super().__init__(config)
         self._state = state
+        self._on_started = on_started
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self._on_started is not None:
+            self._on_started()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         broker = getattr(self._state, "broker", None)

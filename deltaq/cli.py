@@ -1,4 +1,4 @@
-"""``deltaq`` subcommands: up, api, fanout, sweep, sql."""
+"""The deltaq command: one parser, a subcommand per part (up, api, fanout, sweep, sql, jobs)."""
 
 from __future__ import annotations
 
@@ -6,131 +6,89 @@ import argparse
 import contextlib
 import logging
 import sys
+from types import ModuleType
 
-from queue_engine.settings import Settings, load_settings
+from jobs.command import (
+    add_settings_arguments,
+    configure_logging,
+    run_reporting_errors,
+    settings_of,
+)
+from queue_engine.settings import Settings
+
+DESCRIPTION = (
+    "deltaq: a message queue with nsqd's API whose topics and channels are Delta tables. "
+    "deltaq up runs everything on this machine; the other commands run one part each."
+)
+UP = (
+    "Run everything on this machine: the HTTP API in this process, and the fanout stream and "
+    "the sweep on a local Spark in a child process (which also serves deltaq sql). Ctrl-C "
+    "stops it all: waiting consumers are answered and pending publishes committed first."
+)
+API = "Serve nsqd's HTTP API (publish, consume, admin, stats) over the warehouse's tables."
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--warehouse", help="local path or s3:// abfss:// gs:// URL")
-    parser.add_argument("--config", help="a TOML file of settings (see conf/default.toml)")
-
-
-def _server(parser: argparse.ArgumentParser) -> None:
-    _common(parser)
+def _server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port to listen on (default 4151)")
+    parser.add_argument("--port", type=int, help="HTTP port (default 4151, nsqd's)")
     parser.add_argument(
         "--ack",
         choices=["commit", "buffer"],
-        help="answer /pub after the Delta commit (default) or once buffered",
+        help="answer /pub after the Delta commit (commit, the default) or once buffered",
     )
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    return load_settings(
-        args.config,
-        warehouse=args.warehouse,
-        host=getattr(args, "host", None),
-        port=getattr(args, "port", None),
-        ack=getattr(args, "ack", None),
-    )
+def _jobs() -> dict[str, ModuleType]:
+    from jobs import embedded, fanout, sql, sweep
+
+    return {"fanout": fanout, "sweep": sweep, "sql": sql, "jobs": embedded}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="deltaq", description="NSQ's semantics on Delta Lake")
-    sub = parser.add_subparsers(dest="command", required=True)
-    _server(sub.add_parser("api", help="serve the HTTP API"))
-    _server(sub.add_parser("up", help="run everything on this machine (the embedded default)"))
-    for name, text in _JOBS.items():
-        sub.add_parser(name, help=f"{text} (see: deltaq {name} --help)", add_help=False)
+    parser = argparse.ArgumentParser(prog="deltaq", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, short, text in (
+        ("up", "run everything on this machine (API, fanout, sweep)", UP),
+        ("api", "serve nsqd's HTTP API over the warehouse's tables", API),
+    ):
+        command = sub.add_parser(name, help=short, description=text)
+        add_settings_arguments(command)
+        _server_arguments(command)
+    for name, module in _jobs().items():
+        command = sub.add_parser(
+            name,
+            help=module.HELP,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        add_settings_arguments(command)
+        module.add_arguments(command)
     return parser
 
 
-# Subcommands that are Spark jobs under jobs/ (also runnable with spark-submit).
-_JOBS = {
-    "fanout": "run the fanout stream",
-    "sweep": "sweep leases and deferrals into the state tables",
-    "sql": "run Spark SQL over the queue's views",
-    "jobs": "the fanout and the sweep on one Spark (what deltaq up starts)",
-}
-
-
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in _JOBS:
-        import importlib
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    jobs = _jobs()
+    if args.command in jobs:
+        module = jobs[args.command]
+        configure_logging(logging.WARNING if args.command == "sql" else logging.INFO)
+        return run_reporting_errors(args.command, lambda: module.run(args, settings_of(args)))
+    configure_logging()
 
-        module = "embedded" if argv[0] == "jobs" else argv[0]
-        job_main = importlib.import_module(f"jobs.{module}").main
-        return int(job_main(argv[1:]))
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    settings = _settings(args)
+    def settings() -> Settings:
+        return settings_of(args, host=args.host, port=args.port, ack=args.ack)
+
     if args.command == "up":
-        return up(settings)
-    if args.command == "api":
-        from api.server import serve
+        from deltaq.up import up
 
-        # uvicorn re-raises Ctrl-C after its graceful shutdown.
-        with contextlib.suppress(KeyboardInterrupt):
-            serve(settings)
-        return 0
-    return 2
+        return run_reporting_errors("up", lambda: up(settings()))
+    return run_reporting_errors("api", lambda: api(settings()))
 
 
-def up(settings: Settings) -> int:
-    """The API in this process; the fanout stream and the sweep in one child on local Spark.
-    Ctrl-C (or SIGTERM) stops both: the API answers waiting SUBs and commits what is pending,
-    the child stops its stream and its sweep loop."""
-    import os
-    import signal
-    import subprocess
-
+def api(settings: Settings) -> int:
     from api.server import serve
 
-    log = logging.getLogger("deltaq.up")
-    warehouse = (
-        os.path.abspath(settings.warehouse)
-        if "://" not in settings.warehouse
-        else (settings.warehouse)
-    )
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "deltaq",
-            "jobs",
-            "--warehouse",
-            warehouse,
-            "--every",
-            str(settings.sweep_interval_s),
-        ]
-    )
-    log.info(
-        "deltaq up: API http://%s:%d in pid %d; fanout + sweep every %.0f s on local Spark in "
-        "pid %d; warehouse %s",
-        settings.host,
-        settings.port,
-        os.getpid(),
-        settings.sweep_interval_s,
-        child.pid,
-        warehouse,
-    )
-    try:
+    # uvicorn re-raises Ctrl-C after its graceful shutdown.
+    with contextlib.suppress(KeyboardInterrupt):
         serve(settings)
-    except KeyboardInterrupt:
-        pass  # uvicorn re-raises Ctrl-C after its graceful shutdown
-    finally:
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-        try:
-            child.wait(120)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-        log.info("deltaq up: stopped")
     return 0

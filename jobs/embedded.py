@@ -1,39 +1,61 @@
-"""The jobs of ``deltaq up`` on one local Spark: the fanout stream and the sweep every N s.
+"""The jobs of deltaq up on one local Spark: the fanout stream, the sweep every N seconds, and
+a Spark Connect endpoint on loopback that deltaq sql uses instead of starting its own Spark.
 
-``deltaq up`` runs this in a child process next to the API (the API does not use Spark, and
-keeping the JVM bridge out of its process keeps its event loop responsive).
+deltaq up runs this in a child process next to the API (the API does not use Spark, and
+keeping the JVM bridge out of its process keeps its event loop responsive). It gets the API's
+settings whole, as JSON on standard input (--config -).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 from types import FrameType
 
+if __name__ == "__main__":
+    sys.path.insert(0, __file__.rsplit("/jobs/", 1)[0])
+
+from jobs.command import (
+    add_settings_arguments,
+    configure_logging,
+    run_reporting_errors,
+    settings_of,
+)
+from queue_engine.settings import Settings
+
+HELP = "the fanout and the sweep on one Spark (what deltaq up starts)"
 log = logging.getLogger("deltaq.jobs")
 
+# What the jobs process writes to --ready-fd once the stream and the sweep are running.
+READY = b"ready\n"
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="deltaq jobs", description=__doc__)
-    parser.add_argument("--warehouse", required=True)
-    parser.add_argument("--every", type=float, default=10.0, help="seconds between sweeps")
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--every", type=float, metavar="SECONDS", help="seconds between sweeps (settings' default)"
+    )
     parser.add_argument("--master", help="Spark master (default local[2])")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    parser.add_argument(
+        "--ready-fd", type=int, metavar="FD", help="write 'ready' to this file descriptor"
     )
 
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
     from jobs.sweep import run_every
     from queue_engine.spark.fanout_stream import channel_format_for, start_fanout
     from queue_engine.spark.session import build_session
     from queue_engine.store.tables import Warehouse
 
-    spark = build_session(args.master, "deltaq-jobs")
+    every = args.every if args.every is not None else settings.sweep_interval_s
+    spark = build_session(
+        args.master, "deltaq-jobs", connect_port=settings.spark_connect_port or None
+    )
     query = start_fanout(
-        spark, Warehouse(args.warehouse), once=False, channel_format=channel_format_for(spark)
+        spark, Warehouse(settings.warehouse), once=False, channel_format=channel_format_for(spark)
     )
     stop = threading.Event()
 
@@ -42,16 +64,23 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    threading.Thread(target=_stop_when_orphaned, args=(stop,), daemon=True).start()
     sweeper = threading.Thread(
-        target=run_every, args=(spark, args.warehouse, args.every, stop), name="deltaq-sweep"
+        target=run_every, args=(spark, settings, every, stop), name="deltaq-sweep"
     )
     sweeper.start()
     log.info(
-        "fanout stream and sweep (every %.1f s) on Spark %s, warehouse %s",
-        args.every,
+        "fanout stream and sweep (every %.1f s) on Spark %s, warehouse %s%s",
+        every,
         spark.sparkContext.master,
-        args.warehouse,
+        settings.warehouse,
+        f"; Spark Connect on sc://127.0.0.1:{settings.spark_connect_port}"
+        if settings.spark_connect_port
+        else "",
     )
+    if args.ready_fd is not None:
+        with os.fdopen(args.ready_fd, "wb") as ready:
+            ready.write(READY)
     while not stop.wait(1.0):
         if not query.isActive:
             log.error("fanout stopped: %s", query.exception())
@@ -63,6 +92,28 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
+def _stop_when_orphaned(stop: threading.Event) -> None:
+    """deltaq up starts this process in a session of its own (so a Ctrl-C reaches the parent
+    only, which then stops it in order); if the parent dies without doing so, stop anyway."""
+    parent = os.getppid()
+    while not stop.wait(1.0):
+        if os.getppid() != parent:
+            log.warning("deltaq up (pid %d) is gone: stopping", parent)
+            stop.set()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="deltaq jobs",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_settings_arguments(parser)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    configure_logging()
+    return run_reporting_errors("jobs", lambda: run(args, settings_of(args)))
+
+
 if __name__ == "__main__":
-    sys.path.insert(0, __file__.rsplit("/jobs/", 1)[0])
     raise SystemExit(main())

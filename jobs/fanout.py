@@ -1,4 +1,8 @@
-"""The fanout job: ``deltaq fanout`` or ``spark-submit jobs/fanout.py --warehouse W [--once]``."""
+"""The fanout job: deltaq fanout, or spark-submit jobs/fanout.py --warehouse W [--once].
+
+Copies every topic's new messages into each of its channels' tables, exactly once, as a Spark
+Structured Streaming query. --once takes what is there now and exits (Trigger.AvailableNow).
+"""
 
 from __future__ import annotations
 
@@ -6,22 +10,42 @@ import argparse
 import logging
 import signal
 import sys
+import time
 from types import FrameType
 
+if __name__ == "__main__":
+    sys.path.insert(0, __file__.rsplit("/jobs/", 1)[0])
 
-def main(argv: list[str] | None = None) -> int:
+from jobs.command import (
+    Progress,
+    add_settings_arguments,
+    configure_logging,
+    run_reporting_errors,
+    settings_of,
+)
+from queue_engine.settings import Settings
+
+HELP = "run the fanout stream (topics -> channel tables, exactly once)"
+log = logging.getLogger("deltaq.fanout")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     from queue_engine.fanout import CHANNEL_WRITES
 
-    parser = argparse.ArgumentParser(prog="deltaq fanout", description=__doc__)
-    parser.add_argument("--warehouse", required=True)
     parser.add_argument(
         "--once",
         action="store_true",
-        help="process everything available, then exit (Trigger.AvailableNow)",
+        help="fan out everything available now, then exit (Trigger.AvailableNow)",
     )
     parser.add_argument("--checkpoint", help="default: <warehouse>/_checkpoints/fanout")
     parser.add_argument("--master", help="Spark master (default local[2], or spark-submit's)")
-    parser.add_argument("--max-files-per-trigger", type=int, default=200)
+    parser.add_argument(
+        "--max-files-per-trigger",
+        type=int,
+        default=200,
+        metavar="N",
+        help="topic files read per micro-batch at most (default 200)",
+    )
     parser.add_argument(
         "--channel-writes",
         default="auto",
@@ -30,11 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         "delta/deltaq: Spark's writer of that format; auto (default): delta where "
         "delta-spark's jars load, else driver",
     )
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
 
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
     from queue_engine.spark.fanout_stream import channel_format_for, start_fanout
     from queue_engine.spark.session import build_session
     from queue_engine.store.tables import Warehouse
@@ -42,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     spark = build_session(args.master, "deltaq-fanout")
     query = start_fanout(
         spark,
-        Warehouse(args.warehouse),
+        Warehouse(settings.warehouse),
         once=args.once,
         checkpoint=args.checkpoint,
         max_files_per_trigger=args.max_files_per_trigger,
@@ -54,15 +76,54 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    if args.once:
+        _follow(query)
     query.awaitTermination()
     exception = query.exception()
     spark.stop()
     if exception is not None:
-        logging.getLogger("deltaq.fanout").error("fanout failed: %s", exception)
+        log.error("fanout failed: %s", exception)
         return 1
     return 0
 
 
+def _follow(query: object) -> None:
+    """A progress line while a one-shot fanout runs: batches done and messages moved."""
+    progress = Progress()
+    started = time.monotonic()
+    rows = 0
+    seen: set[int] = set()
+    while query.isActive:  # type: ignore[attr-defined]
+        for p in query.recentProgress:  # type: ignore[attr-defined]
+            if p["batchId"] not in seen:
+                seen.add(p["batchId"])
+                rows += int(p["numInputRows"])
+        progress(
+            f"fanout: {len(seen)} batches, {rows:,} messages, {time.monotonic() - started:.0f} s"
+        )
+        time.sleep(0.5)
+    for p in query.recentProgress:  # type: ignore[attr-defined]
+        if p["batchId"] not in seen:
+            seen.add(p["batchId"])
+            rows += int(p["numInputRows"])
+    progress.done(
+        f"fanout: done, {len(seen)} batches, {rows:,} messages in "
+        f"{time.monotonic() - started:.1f} s"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="deltaq fanout",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_settings_arguments(parser)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    configure_logging()
+    return run_reporting_errors("fanout", lambda: run(args, settings_of(args)))
+
+
 if __name__ == "__main__":
-    sys.path.insert(0, __file__.rsplit("/jobs/", 1)[0])
     raise SystemExit(main())

@@ -1,7 +1,9 @@
-"""The sweep job: ``deltaq sweep`` or ``spark-submit jobs/sweep.py --warehouse W [--once]``.
+"""The sweep job: deltaq sweep, or spark-submit jobs/sweep.py --warehouse W [--once].
 
-``--once`` sweeps every channel that needs it and exits (for cron, Airflow or any scheduler);
-``--every SECONDS`` repeats until SIGINT/SIGTERM. See queue_engine/spark/sweep.py.
+Folds each channel's new ledger events into its state table, times out leases that ended,
+releases due deferrals, and keeps the tables small (checkpoints, compaction, vacuum).
+--once (the default) sweeps once and exits, for cron, Airflow or any scheduler;
+--every SECONDS repeats until SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -13,17 +15,39 @@ import sys
 import threading
 from types import FrameType
 
+if __name__ == "__main__":
+    sys.path.insert(0, __file__.rsplit("/jobs/", 1)[0])
+
+from jobs.command import (
+    CommandError,
+    Progress,
+    add_settings_arguments,
+    configure_logging,
+    run_reporting_errors,
+    settings_of,
+)
+from queue_engine.settings import Settings
+
+HELP = "fold ledgers into the state tables, time out ended leases, keep tables small"
 log = logging.getLogger("deltaq.sweep")
 
 
-def run_every(spark: object, warehouse: str, every_s: float, stop: threading.Event) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    when = parser.add_mutually_exclusive_group()
+    when.add_argument("--once", action="store_true", help="sweep once, then exit (default)")
+    when.add_argument("--every", type=float, metavar="SECONDS", help="sweep every SECONDS")
+    parser.add_argument("--force", action="store_true", help="rewrite every channel's state")
+    parser.add_argument("--master", help="Spark master (default local[2], or spark-submit's)")
+
+
+def run_every(spark: object, settings: Settings, every_s: float, stop: threading.Event) -> None:
     """Sweep, then wait ``every_s`` (or until ``stop``), until ``stop`` is set. A failed sweep
     is logged and retried at the next interval: it leaves nothing half-written."""
     from queue_engine.spark.sweep import sweep
     from queue_engine.store.tables import Warehouse
 
-    wh = Warehouse(warehouse)
-    upkeep = maintenance()
+    wh = Warehouse(settings.warehouse)
+    upkeep = maintenance(settings)
     while not stop.is_set():
         try:
             sweep(spark, wh, maintenance=upkeep)  # type: ignore[arg-type]
@@ -34,41 +58,33 @@ def run_every(spark: object, warehouse: str, every_s: float, stop: threading.Eve
         stop.wait(every_s)
 
 
-def maintenance() -> object:
-    """Table upkeep by the settings' policy (DELTAQ_* / DELTAQ_CONFIG), kept across sweeps."""
-    from queue_engine.settings import load_settings
+def maintenance(settings: Settings) -> object:
+    """Table upkeep by the settings' policy, kept across sweeps."""
     from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
 
-    return Maintenance(MaintenancePolicy.from_settings(load_settings()))
+    return Maintenance(MaintenancePolicy.from_settings(settings))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="deltaq sweep", description=__doc__)
-    parser.add_argument("--warehouse", required=True)
-    when = parser.add_mutually_exclusive_group()
-    when.add_argument("--once", action="store_true", help="sweep once, then exit (default)")
-    when.add_argument("--every", type=float, metavar="SECONDS", help="sweep every SECONDS")
-    parser.add_argument("--force", action="store_true", help="rewrite every channel's state")
-    parser.add_argument("--master", help="Spark master (default local[2], or spark-submit's)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-
+def run(args: argparse.Namespace, settings: Settings) -> int:
     from queue_engine.spark.session import build_session
     from queue_engine.spark.sweep import sweep
     from queue_engine.store.tables import Warehouse
 
+    warehouse = Warehouse(settings.warehouse)
+    if args.every is None and not warehouse.exists():
+        raise CommandError(f"no deltaq warehouse at {settings.warehouse} (no registry table)")
     spark = build_session(args.master, "deltaq-sweep")
     try:
         if args.every is None:
+            progress = Progress()
             report = sweep(
                 spark,
-                Warehouse(args.warehouse),
+                warehouse,
                 force=args.force,
-                maintenance=maintenance(),  # type: ignore[arg-type]
+                maintenance=maintenance(settings),  # type: ignore[arg-type]
+                progress=progress,
             )
-            print(
+            progress.done(
                 f"swept {report.channels_swept} channels ({report.channels_skipped} unchanged): "
                 f"{report.live} live, {report.timeouts} timed out, {report.finished} finished "
                 f"in {report.seconds:.1f} s"
@@ -81,12 +97,24 @@ def main(argv: list[str] | None = None) -> int:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        run_every(spark, args.warehouse, args.every, stop)
+        run_every(spark, settings, args.every, stop)
         return 0
     finally:
         spark.stop()
 
 
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="deltaq sweep",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_settings_arguments(parser)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    configure_logging()
+    return run_reporting_errors("sweep", lambda: run(args, settings_of(args)))
+
+
 if __name__ == "__main__":
-    sys.path.insert(0, __file__.rsplit("/jobs/", 1)[0])
     raise SystemExit(main())

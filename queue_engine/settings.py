@@ -60,6 +60,10 @@ class Settings(BaseSettings):
     scan_leases: bool = True
     # The sweep job (deltaq sweep --every, and deltaq up): seconds between runs.
     sweep_interval_s: float = 10.0
+    # deltaq up serves its jobs' Spark over Spark Connect on 127.0.0.1 at this port (Spark
+    # Connect's own default), and deltaq sql uses it when it answers: a query then takes about
+    # a second instead of a JVM start. 0: neither.
+    spark_connect_port: int = 15002
     # Publishing.
     ack: AckMode = AckMode.COMMIT
     # One commit carries at most this many body bytes; more waiting goes in the next commit.

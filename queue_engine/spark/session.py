@@ -26,8 +26,23 @@ class Engine(StrEnum):
     DELTA_SPARK = "delta-spark"  # format "delta", when its jars load
 
 
-def build_session(master: str | None = None, app_name: str = "deltaq") -> SparkSession:
-    """A SparkSession for deltaq's jobs; ``master`` None means ``local[2]``, small and UI-less."""
+_CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
+
+
+def build_session(
+    master: str | None = None,
+    app_name: str = "deltaq",
+    *,
+    connect_port: int | None = None,
+    quiet: bool = False,
+) -> SparkSession:
+    """A SparkSession for deltaq's jobs; ``master`` None means ``local[2]``, small and UI-less.
+
+    ``connect_port`` also serves the session over Spark Connect on 127.0.0.1 (loopback only:
+    Spark Connect has no authentication), so ``deltaq sql`` can use it instead of starting a
+    JVM. ``quiet`` sends the JVM's own stderr (banners, log4j warnings) to a file, for
+    commands whose output is the answer.
+    """
     # Spark's Python workers must run this interpreter (the venv's), not whatever is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -56,7 +71,17 @@ def build_session(master: str | None = None, app_name: str = "deltaq") -> SparkS
                 .config("spark.driver.bindAddress", "127.0.0.1")
                 .config("spark.driver.extraJavaOptions", local_java_options())
             )
-    spark = builder.getOrCreate()
+    if connect_port:
+        builder = (
+            builder.config("spark.plugins", _CONNECT_PLUGIN)
+            .config("spark.connect.grpc.binding.address", "127.0.0.1")
+            .config("spark.connect.grpc.binding.port", str(connect_port))
+        )
+    if quiet:
+        spark = _with_jvm_stderr_to_file(builder)
+        spark.sparkContext.setLogLevel("ERROR")
+    else:
+        spark = builder.getOrCreate()
     register(spark)
     log.info(
         "Spark %s (%s); Delta engine: %s", spark.version, spark.sparkContext.master, engine(spark)
@@ -77,14 +102,41 @@ def local_java_options() -> str:
     return os.environ.get("DELTAQ_SPARK_JAVA_OPTIONS", LOCAL_JAVA_OPTIONS)
 
 
+def _with_jvm_stderr_to_file(builder: SparkSession.Builder) -> SparkSession:
+    """Start the JVM with its stderr going to a log file: the JVM inherits file descriptor 2
+    when PySpark launches it, so point that at the file while it starts."""
+    import tempfile
+
+    log_dir = os.path.join(tempfile.gettempdir(), "deltaq-spark")
+    os.makedirs(log_dir, exist_ok=True)
+    path = os.path.join(log_dir, f"jvm-{os.getpid()}.log")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "ab") as log_file:
+        os.dup2(log_file.fileno(), 2)
+        try:
+            return builder.getOrCreate()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def remote_session(url: str) -> SparkSession:
+    """A Spark Connect client session (e.g. on the Spark that deltaq up runs)."""
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    register(spark)
+    return spark
+
+
 def _inside_spark_submit() -> bool:
     return "SPARK_SUBMIT" in os.environ or "spark.master" in os.environ.get("SPARK_CONF", "")
 
 
 def engine(spark: SparkSession) -> Engine:
     """delta-spark when its data source class loads in this JVM, else deltaq's own source."""
-    jvm = spark.sparkContext._jvm
     try:
+        # A Spark Connect client has no JVM here (sparkContext raises): deltaq's own source.
+        jvm = spark.sparkContext._jvm
         loadable = bool(jvm.org.apache.spark.util.Utils.classIsLoadable(_DELTA_CLASS))  # type: ignore[union-attr]
     except Exception:
         loadable = False

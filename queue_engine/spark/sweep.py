@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -237,12 +237,16 @@ def sweep(
     partitions: int | None = None,
     maintenance: Maintenance | None = None,
     local_max_rows: int = LOCAL_FOLD_MAX_ROWS,
+    progress: Callable[[str], None] | None = None,
 ) -> SweepReport:
     """One sweep of every channel that needs it; with ``maintenance``, the swept channels'
     tables are then checkpointed, compacted and vacuumed by its policy. Inputs of at most
-    ``local_max_rows`` rows are folded on the driver (0: always by a Spark job)."""
+    ``local_max_rows`` rows are folded on the driver (0: always by a Spark job).
+    ``progress`` is told what the sweep is doing, a line at a time."""
     started = time.perf_counter()
+    tell = progress or (lambda _: None)
     now = now_us() if now is None else now
+    tell("sweep: planning")
     plans, skipped = plan(warehouse, now, force=force)
     report = SweepReport(channels_skipped=skipped)
     if not plans:
@@ -252,16 +256,20 @@ def sweep(
     inputs = _driver_inputs(plans, local_max_rows) if local_max_rows > 0 else None
     if inputs is not None:
         report.folded_on = "driver"
+        tell(f"sweep: folding {len(plans)} channels on the driver")
         results = [i.fold(now) for i in inputs]
     else:
+        tell(f"sweep: folding {len(plans)} channels in a Spark job")
         results = _fold_with_spark(spark, plans, now, parallelism)
-    for p, rows in zip(plans, results, strict=True):
+    for n, (p, rows) in enumerate(zip(plans, results, strict=True), 1):
+        tell(f"sweep: committing channel {n} of {len(plans)}")
         live, timeouts, finished = _commit_channel(p, rows, now)
         report.channels_swept += 1
         report.live += live
         report.timeouts += timeouts
         report.finished += finished
     if maintenance is not None:
+        tell(f"sweep: upkeep of {len(plans)} channels' tables")
         for p in plans:
             for path in (p.messages_path, p.ledger_path, p.state_path):
                 try:

@@ -106,6 +106,14 @@ class Warehouse:
     def checkpoints_root(self) -> str:
         return self._join("_checkpoints")
 
+    def exists(self) -> bool:
+        """Whether a deltaq API has ever opened this warehouse (its registry table exists)."""
+        try:
+            DeltaTable(self.registry_path)
+        except Exception:
+            return False
+        return True
+
 
 def open_or_create(path: str, schema: pa.Schema) -> DeltaTable:
     """Open the Delta table at ``path``, creating it (empty, with ``schema``) if absent.

@@ -1,0 +1,129 @@
+"""What every deltaq command shares: the settings flags, one settings object, one-line errors,
+and a progress line for long one-shot runs.
+
+``deltaq <command>`` (deltaq/cli.py) and ``spark-submit jobs/<job>.py`` both build their
+parser from the same ``add_arguments`` of each job, so the flags and ``--help`` agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from queue_engine.settings import Settings, load_settings
+
+# Read the whole resolved settings as JSON from standard input (how ``deltaq up`` hands its
+# settings to the jobs process: one object, nothing through files or the environment).
+SETTINGS_FROM_STDIN = "-"
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--warehouse",
+        help="where the tables live: a local path or an s3:// abfss:// gs:// URL "
+        "(default: the settings' warehouse, deltaq-data)",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a TOML file of settings (conf/default.toml lists them all); "
+        "DELTAQ_* environment variables override it, flags override both",
+    )
+
+
+def settings_of(args: argparse.Namespace, **overrides: Any) -> Settings:
+    """The one settings object of this process: from the file and the environment, with the
+    flags given on top; ``--config -`` reads a resolved object as JSON from stdin."""
+    given = {"warehouse": getattr(args, "warehouse", None), **overrides}
+    if getattr(args, "config", None) == SETTINGS_FROM_STDIN:
+        base = Settings.model_validate_json(sys.stdin.read())
+        return base.model_copy(update={k: v for k, v in given.items() if v is not None})
+    return load_settings(getattr(args, "config", None), **given)
+
+
+def settings_json(settings: Settings) -> str:
+    return json.dumps(settings.model_dump(mode="json"))
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    # py4j logs every gateway connection at INFO: noise for a user of the jobs.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+class CommandError(Exception):
+    """A command cannot do what it was asked; the message is the whole explanation."""
+
+
+def run_reporting_errors(command: str, run: Callable[[], int]) -> int:
+    """``run()``, with every failure a user can act on printed as one line (exit 1)."""
+    try:
+        return run()
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if not _user_facing(exc):
+            raise
+        print(f"deltaq {command}: error: {one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+def _user_facing(exc: BaseException) -> bool:
+    from pydantic import ValidationError
+
+    from queue_engine.errors import QueueError
+
+    if isinstance(exc, CommandError | QueueError | ValidationError | OSError):
+        return True
+    # Spark's errors (AnalysisException, ParseException, ...) carry a readable first line;
+    # pyspark is imported only by the jobs that use it.
+    return type(exc).__module__.startswith("pyspark.errors")
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return first.strip()
+
+
+class Progress:
+    """One progress line on stderr: rewritten in place on a terminal, else a line every few
+    seconds (and the last one), so logs of cron runs stay short."""
+
+    def __init__(self, stream: TextIO | None = None, every_s: float = 5.0) -> None:
+        self._stream = stream or sys.stderr
+        self._tty = self._stream.isatty()
+        self._every_s = every_s
+        self._last = 0.0
+        self._pending = ""
+
+    def __call__(self, text: str) -> None:
+        now = time.monotonic()
+        if self._tty:
+            self._stream.write(f"\r\x1b[K{text}")
+            self._stream.flush()
+            return
+        self._pending = text
+        if now - self._last >= self._every_s:
+            self._flush()
+            self._last = now
+
+    def done(self, text: str) -> None:
+        if self._tty:
+            self._stream.write(f"\r\x1b[K{text}\n")
+        else:
+            self._pending = text
+            self._flush()
+        self._stream.flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._stream.write(self._pending + "\n")
+            self._pending = ""
