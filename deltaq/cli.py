@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import sys
 from types import ModuleType
 
@@ -71,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     jobs = _jobs()
     if args.command in jobs:
         module = jobs[args.command]
-        configure_logging(logging.WARNING if args.command == "sql" else logging.INFO)
+        if args.command == "sql":
+            module.quiet_logging()
+        else:
+            configure_logging()
         return run_reporting_errors(args.command, lambda: module.run(args, settings_of(args)))
     configure_logging()
 

@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from jobs.sweep import run_every
     from queue_engine.spark.fanout_stream import channel_format_for, start_fanout
-    from queue_engine.spark.session import build_session
+    from queue_engine.spark.session import build_session, quiet_stream_stop
     from queue_engine.store.tables import Warehouse
 
     every = args.every if args.every is not None else settings.sweep_interval_s
@@ -85,6 +85,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         if not query.isActive:
             log.error("fanout stopped: %s", query.exception())
             stop.set()
+    quiet_stream_stop(spark)
     query.stop()
     sweeper.join(120)
     failed = query.exception() is not None

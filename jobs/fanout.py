@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from queue_engine.spark.fanout_stream import channel_format_for, start_fanout
-    from queue_engine.spark.session import build_session
+    from queue_engine.spark.session import build_session, quiet_stream_stop
     from queue_engine.store.tables import Warehouse
 
     spark = build_session(args.master, "deltaq-fanout")
@@ -72,6 +72,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     )
 
     def stop(signum: int, frame: FrameType | None) -> None:
+        quiet_stream_stop(spark)
         query.stop()
 
     signal.signal(signal.SIGTERM, stop)

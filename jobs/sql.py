@@ -90,6 +90,13 @@ def _running_connect(settings: Settings) -> str | None:
         return None
 
 
+def quiet_logging() -> None:
+    """The answer or one error line: PySpark also logs a failed query's error, with the JVM's
+    stack trace, as JSON to stderr (its SQLQueryContextLogger); deltaq sql prints it once."""
+    configure_logging(logging.WARNING)
+    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL + 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="deltaq sql",
@@ -99,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     add_settings_arguments(parser)
     add_arguments(parser)
     args = parser.parse_args(argv)
-    configure_logging(logging.WARNING)
+    quiet_logging()
     return run_reporting_errors("sql", lambda: run(args, settings_of(args)))
 
 

@@ -121,6 +121,19 @@ def _with_jvm_stderr_to_file(builder: SparkSession.Builder) -> SparkSession:
             os.close(saved)
 
 
+def quiet_stream_stop(spark: SparkSession) -> None:
+    """Stopping a streaming query between micro-batches makes Spark's DAGScheduler warn that it
+    found no active job to cancel: expected on every clean stop, so not worth a warning."""
+    try:
+        jvm = spark.sparkContext._jvm
+        level = jvm.org.apache.logging.log4j.Level.ERROR  # type: ignore[union-attr]
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(  # type: ignore[union-attr]
+            "org.apache.spark.scheduler.DAGScheduler", level
+        )
+    except Exception:
+        log.debug("could not lower the DAGScheduler's log level", exc_info=True)
+
+
 def remote_session(url: str) -> SparkSession:
     """A Spark Connect client session (e.g. on the Spark that deltaq up runs)."""
     spark = SparkSession.builder.remote(url).getOrCreate()

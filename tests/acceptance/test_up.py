@@ -1,9 +1,11 @@
-"""``deltaq up``, the README's first command: API, fanout stream and sweep from one command, a
-message through all of them, and Ctrl-C stopping everything."""
+"""deltaq up, the README's first command: the README's quick start pasted as written, the
+settings reaching the jobs process, deltaq sql on deltaq up's Spark, and Ctrl-C stopping
+everything cleanly."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,55 +14,112 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 
 from tests.conftest import HOST, ROOT, free_port
-from tests.consumers import answer, body, create_channel, sub
 
 
-def test_up_serves_fans_out_and_stops_on_ctrl_c(tmp_path: Path) -> None:
-    port = free_port()
+def quick_start(readme: str) -> str:
+    """The shell block under the README's "Quick start" heading."""
+    section = readme.split("## Quick start", 1)[1]
+    match = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert match, "no sh block in the quick start"
+    return match.group(1)
+
+
+def _wait_for(
+    log_path: Path, pattern: str, seconds: float, process: subprocess.Popen[bytes]
+) -> str:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        text = log_path.read_text(errors="replace")
+        if re.search(pattern, text):
+            return text
+        assert process.poll() is None, text[-3000:]
+        time.sleep(0.2)
+    raise AssertionError(f"{pattern!r} not logged:\n{log_path.read_text(errors='replace')[-3000:]}")
+
+
+@pytest.mark.slow
+def test_up_runs_the_readme_quick_start_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    port, connect_port = free_port(), free_port()
+    # A settings file given to deltaq up must reach its jobs process: a sweep interval no
+    # default has, and the Spark Connect port deltaq sql then finds.
+    config = tmp_path / "deltaq.toml"
+    config.write_text(f"sweep_interval_s = 7.5\nspark_connect_port = {connect_port}\n")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("DELTAQ_CONFIG", None)
     log_path = tmp_path / "up.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "deltaq",
-                "up",
-                "--warehouse",
-                str(tmp_path / "wh"),
-                "--host",
-                HOST,
-                "--port",
-                str(port),
-            ],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            [sys.executable, "-m", "deltaq", "up", "--config", str(config), "--port", str(port)],
+            cwd=tmp_path,  # the default warehouse, ./deltaq-data, as a new user has it
+            env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
     try:
-        url = f"http://{HOST}:{port}"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/ping", timeout=1).text == "OK":
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        with httpx.Client(base_url=url, timeout=130) as http:
-            create_channel(http, "up", "c")
-            assert http.post("/pub", params={"topic": "up"}, content=b"through it all").text == "OK"
-            # The fanout stream starts with its own Spark: the first delivery waits for it.
-            [m] = sub(http, "up", "c", wait_ms=60000) or sub(http, "up", "c", wait_ms=60000)
-            assert body(m) == b"through it all" and m["attempts"] == 1
-            assert answer(http, "fin", "up", "c", m).text == "OK"
+        text = _wait_for(log_path, r"deltaq ready: ", 120, process)
+        assert f"http://{HOST}:{port}" in text
+        assert "fanout stream and sweep (every 7.5 s)" in text, text[-3000:]
+        assert f"sc://127.0.0.1:{connect_port}" in text
+
+        recipe = quick_start((ROOT / "README.md").read_text())
+        recipe = recipe.replace("127.0.0.1:4151", f"{HOST}:{port}")
+        recipe = recipe.replace(".venv/bin/deltaq ", f"{sys.executable} -m deltaq ")
+        # The same settings as deltaq up's, through the environment this time.
+        shell_env = {**env, "PYTHONPATH": str(ROOT), "DELTAQ_CONFIG": str(config)}
+        shell = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", recipe],
+            cwd=tmp_path,
+            env=shell_env,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert shell.returncode == 0, shell.stdout + shell.stderr
+        out = shell.stdout
+        assert '"lease":"1-' in out  # the /sub answer: one message, leased
+        assert "OK" in out  # the /fin answer
+        assert f"on the Spark at sc://127.0.0.1:{connect_port}" in shell.stderr
+        # deltaq sql printed the ledger: one DELIVER and one FIN of the message.
+        ledger = [line for line in out.splitlines() if "|events" in line.replace(" ", "")]
+        events = sorted(e for line in ledger for e in re.findall(r"\b(DELIVER|FIN)\b", line))
+        assert events == ["DELIVER", "FIN"], out
+        with httpx.Client(base_url=f"http://{HOST}:{port}", timeout=30) as http:
+            [topic] = http.get("/stats", params={"format": "json", "topic": "events"}).json()[
+                "topics"
+            ]
+            [channel] = topic["channels"]
+            assert (topic["depth"], channel["depth"], channel["in_flight_count"]) == (0, 0, 0)
+
+        # A misspelt view: one line naming it, exit 1, no stack trace.
+        typo = subprocess.run(
+            [sys.executable, "-m", "deltaq", "sql", "SELECT * FROM ledgr"],
+            cwd=tmp_path,
+            env=shell_env,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert typo.returncode == 1
+        errors = [line for line in typo.stderr.splitlines() if "error" in line]
+        assert len(errors) == 1 and "ledgr" in errors[0], typo.stderr
+        assert "Traceback" not in typo.stderr
+
         children = psutil.Process(process.pid).children(recursive=True)
         assert children, "the jobs process (fanout + sweep) was not started"
+        # Ctrl-C in a terminal signals the foreground process group: deltaq up only, since
+        # its jobs run in a session of their own; it stops them in order.
         process.send_signal(signal.SIGINT)
         assert process.wait(150) == 0, log_path.read_text(errors="replace")[-3000:]
         _, alive = psutil.wait_procs(children, timeout=30)
         assert not alive, f"left running: {alive}"
+        text = log_path.read_text(errors="replace")
+        assert "Failed to cancel job group" not in text
+        assert "INFO py4j" not in text
     finally:
         if process.poll() is None:
             for child in psutil.Process(process.pid).children(recursive=True):
