@@ -113,6 +113,10 @@ def load_settings(config_file: str | None = None, **overrides: Any) -> Settings:
     mask the environment or the file.
     """
     given = {key: value for key, value in overrides.items() if value is not None}
+    for path in (config_file, os.environ.get(CONFIG_ENV)):
+        if path and not Path(path).is_file():
+            # pydantic-settings would skip a missing file silently: the defaults would run.
+            raise FileNotFoundError(f"settings file not found: {path}")
     if config_file is None:
         return Settings(**given)
     previous = os.environ.get(CONFIG_ENV)
