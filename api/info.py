@@ -13,8 +13,8 @@ from fastapi import APIRouter, Query, Request, Response
 from api.responses import TEXT_TYPE, ok_json
 from api.state import broker_of
 from queue_engine import __version__
-from queue_engine.broker import TopicStats
-from queue_engine.delivery import ConsumerSeen
+from queue_engine.channel import ConsumerSeen
+from queue_engine.stats import TopicStats
 
 router = APIRouter(tags=["info"])
 

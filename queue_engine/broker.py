@@ -11,16 +11,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
+from queue_engine.channel import ChannelRuntime
 from queue_engine.channel_queue import Answer, Delivery
-from queue_engine.delivery import ChannelRuntime, ConsumerSeen
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.lease import EventKind
 from queue_engine.names import path_segment
 from queue_engine.registry import Action, Registry, RegistryEvent, TopicInfo
 from queue_engine.settings import AckMode, Settings
+from queue_engine.stats import ChannelStats, TopicStats, percentile_ms
 from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
 from queue_engine.store.registry_store import RegistryStore
 from queue_engine.store.tables import Warehouse, delete_tree, list_dirs
@@ -31,37 +31,6 @@ log = logging.getLogger(__name__)
 # The consumer pump's period, and how many periods apart channels nobody waits on are visited.
 PUMP_INTERVAL_S = 0.005
 IDLE_PUMP_EVERY = 20
-
-
-@dataclass(frozen=True)
-class ChannelStats:
-    name: str
-    paused: bool
-    depth: int = 0
-    in_flight_count: int = 0
-    deferred_count: int = 0
-    message_count: int = 0
-    requeue_count: int = 0
-    timeout_count: int = 0
-    clients: tuple[ConsumerSeen, ...] = ()
-
-    @property
-    def client_count(self) -> int:
-        return len(self.clients)
-
-
-@dataclass(frozen=True)
-class TopicStats:
-    name: str
-    paused: bool
-    depth: int
-    message_count: int
-    message_bytes: int
-    commits: int
-    version: int
-    channels: list[ChannelStats]
-    commit_p50_ms: float = 0.0
-    commit_p99_ms: float = 0.0
 
 
 class Broker:
@@ -417,8 +386,8 @@ class Broker:
             commits=stats.commits,
             version=stats.version,
             channels=channels,
-            commit_p50_ms=_percentile_ms(durations, 0.50),
-            commit_p99_ms=_percentile_ms(durations, 0.99),
+            commit_p50_ms=percentile_ms(durations, 0.50),
+            commit_p99_ms=percentile_ms(durations, 0.99),
         )
 
     def _topic_depth(self, info: TopicInfo, stats: CommitStats) -> int:
@@ -522,12 +491,6 @@ def _resolve(futures: Iterable[asyncio.Future[None]], error: BaseException | Non
             future.set_result(None)
         else:
             future.set_exception(QueueError(ErrorCode.E_COMMIT_FAILED, str(error)))
-
-
-def _percentile_ms(ordered: list[float], q: float) -> float:
-    if not ordered:
-        return 0.0
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 2)
 
 
 def _close_all(writers: list[TopicWriter]) -> None:

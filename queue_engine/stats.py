@@ -1,0 +1,44 @@
+"""The figures /stats reports per topic and channel, in nsqd's vocabulary (nsqd's stats.go)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from queue_engine.channel import ConsumerSeen
+
+
+@dataclass(frozen=True)
+class ChannelStats:
+    name: str
+    paused: bool
+    depth: int = 0
+    in_flight_count: int = 0
+    deferred_count: int = 0
+    message_count: int = 0
+    requeue_count: int = 0
+    timeout_count: int = 0
+    clients: tuple[ConsumerSeen, ...] = ()
+
+    @property
+    def client_count(self) -> int:
+        return len(self.clients)
+
+
+@dataclass(frozen=True)
+class TopicStats:
+    name: str
+    paused: bool
+    depth: int
+    message_count: int
+    message_bytes: int
+    commits: int
+    version: int
+    channels: list[ChannelStats]
+    commit_p50_ms: float = 0.0
+    commit_p99_ms: float = 0.0
+
+
+def percentile_ms(ordered: list[float], q: float) -> float:
+    if not ordered:
+        return 0.0
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 2)
