@@ -22,20 +22,18 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from queue_engine.channel_queue import Answer, ChannelQueue, Delivery
+from queue_engine.channel_restore import add_rows, restore_channel
 from queue_engine.errors import ErrorCode, QueueError
-from queue_engine.lease import FRESH, EventKind, LeaseEvent, fold
+from queue_engine.lease import EventKind, LeaseEvent
 from queue_engine.store.channel_reader import ChannelReader
 from queue_engine.store.commit_log import commit_file
 from queue_engine.store.group_commit import WriterClosedError
 from queue_engine.store.ledger import (
     LedgerWriter,
     is_sweep_commit,
-    read_ledger,
-    read_ledger_after,
     read_versions,
 )
 from queue_engine.store.loop_ledger import LoopLedgerWriter, open_ledger_writer
-from queue_engine.store.state import StateMeta, load_states, read_meta, read_state
 
 log = logging.getLogger(__name__)
 
@@ -131,78 +129,19 @@ class ChannelRuntime:
     async def _rebuild(self) -> None:
         """The queue as the fold of the ledger plus the rows of the messages table."""
         async with self._load_lock:
-            queue, reader, known = await asyncio.to_thread(self._rebuild_blocking)
-            self.queue, self._reader, self._known_unread = queue, reader, known
+            restored = await asyncio.to_thread(
+                restore_channel,
+                f"{self.topic}/{self.channel}",
+                self.messages_path,
+                self.ledger_path,
+                self.state_path,
+                now_us(),
+            )
+            self.queue, self._reader = restored.queue, restored.reader
+            self._known_unread = restored.known_unread
+            self._ledger_seen = restored.ledger_version
             self._broken = False
         await self.refill()
-
-    def _rebuild_blocking(self) -> tuple[ChannelQueue, ChannelReader, int]:
-        started = time.perf_counter()
-        meta = read_meta(self.state_path) if self.state_path else None
-        now = now_us()
-        queue = ChannelQueue()
-        reader = ChannelReader(self.messages_path)
-        if meta is None:
-            # Never swept: the fold of the whole ledger.
-            events, version = read_ledger(self.ledger_path)
-            states = fold(events)
-            queue.restore(states, now)
-            paths = reader.snapshot()
-            # Every message the ledger mentions was delivered, so its row is in the snapshot.
-            known = len(states)
-            source = f"ledger v{version} ({len(events)} events)"
-        else:
-            events, version, paths, known = self._from_state(meta, queue, reader, now)
-            source = (
-                f"state v{meta.state_version} + ledger v{meta.ledger_version}..v{version} "
-                f"({len(events)} events)"
-            )
-        self._ledger_seen = version
-        if events:
-            queue.clock(max(e.at_us for e in events))
-        if reader.snapshot_read:
-            queue.forget_finished()
-        missing = queue.needs_body()
-        if missing:
-            _add(queue, ChannelReader.read_ids(paths, missing), now)
-        log.info(
-            "channel %s/%s: %s folded, %d live, %d in flight, %d unread rows (%.0f ms)",
-            self.topic,
-            self.channel,
-            source,
-            len(queue) + queue.unstarted_count,
-            len(queue.in_flight),
-            reader.unread_rows - known,
-            (time.perf_counter() - started) * 1000,
-        )
-        return queue, reader, known
-
-    def _from_state(
-        self, meta: StateMeta, queue: ChannelQueue, reader: ChannelReader, now: int
-    ) -> tuple[list[LeaseEvent], int, list[str], int]:
-        """The sweep's state plus the ledger after it: bounded by the live messages, however
-        long the channel has lived."""
-        assert self.state_path is not None
-        states, unstarted, oldest = load_states(read_state(self.state_path, meta))
-        lowest = meta.topic_version + 1 if oldest is None else min(oldest, meta.topic_version + 1)
-        events, version = read_ledger_after(self.ledger_path, meta.ledger_version)
-        folded = fold(events, states)
-        for message_id, state in list(folded.items()):
-            if state is FRESH:
-                # Only invalid events (late answers to messages FIN'd before the state).
-                del folded[message_id]
-            else:
-                unstarted.discard(message_id)
-        queue.restore(folded, now)
-        queue.requeue_count += meta.finished_requeues
-        queue.timeout_count += meta.finished_timeouts
-        queue.restore_checkpoint(unstarted, meta.topic_version)
-        paths = reader.snapshot(skip_below_topic_version=lowest)
-        # Unread rows that will not enter the queue as new: all but the unstarted ones and
-        # the rows newer than the state that no event has touched.
-        new_rows = ChannelReader.count_new(paths, meta.topic_version, set(folded))
-        known = reader.unread_rows - len(unstarted) - new_rows
-        return events, version, paths, known
 
     async def close(self) -> None:
         """Wake every waiting SUB (they answer with no messages) and stop the ledger writer."""
@@ -377,7 +316,7 @@ class ChannelRuntime:
                 if table is None:
                     break
                 rows_read += table.num_rows
-                fresh = _add(self.queue, table, now_us())
+                fresh = add_rows(self.queue, table, now_us())
                 added += fresh
                 self._known_unread = max(0, self._known_unread - (table.num_rows - fresh))
                 if self._reader.snapshot_read:
@@ -448,16 +387,3 @@ class ChannelRuntime:
             "%s/%s: ledger commit failed, rebuilding from the tables", self.topic, self.channel
         )
         asyncio.get_running_loop().create_task(self._rebuild())
-
-
-def _add(queue: ChannelQueue, table: pa.Table, now: int) -> int:
-    published = table["published_at"].cast(pa.int64()).to_pylist()
-    deliver_at = table["deliver_at"].cast(pa.int64()).to_pylist()
-    return queue.add(
-        table["id"].to_pylist(),
-        table["body"].to_pylist(),
-        published,
-        deliver_at,
-        now,
-        table["topic_version"].to_pylist() if "topic_version" in table.column_names else None,
-    )

@@ -3,6 +3,10 @@ stream, the sweep job and the SQL views on local Spark, real HTTP clients."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +19,7 @@ from pyspark.sql import SparkSession
 from queue_engine.spark.sweep import sweep
 from queue_engine.spark.views import register_views
 from queue_engine.store.tables import Warehouse
-from tests.conftest import Server
+from tests.conftest import ROOT, Server
 from tests.consumers import answer, body, channel_stats, create_channel, sub
 
 
@@ -169,3 +173,40 @@ def test_topic_depth_counts_what_no_channel_has_taken(http: httpx.Client) -> Non
     assert http.post("/topic/unpause", params={"topic": "tdepth"}).status_code == 200
     _await_depth(http, "tdepth", 0)
     assert channel_stats(http, "tdepth", "c")["depth"] == 3
+
+
+def _deltaq(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "deltaq", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("DELTAQ_")},
+    )
+
+
+@pytest.mark.slow
+def test_sweep_once_and_sql_from_the_command_line(http: httpx.Client, warehouse: Path) -> None:
+    """The commands a cron job or an analyst runs: a one-shot sweep ends with its summary
+    line; deltaq sql with its own local Spark prints the answer and nothing else."""
+    create_channel(http, "cli", "c")
+    publish(http, "cli", b"one", b"two")
+    take(http, "cli", "c", 2)
+    swept = _deltaq("sweep", "--warehouse", str(warehouse), "--once")
+    assert swept.returncode == 0, swept.stderr[-3000:]
+    assert re.search(r"swept \d+ channels \(\d+ unchanged\)", swept.stderr), swept.stderr[-3000:]
+
+    answer = _deltaq(
+        "sql",
+        "--local",
+        "--warehouse",
+        str(warehouse),
+        "SELECT channel, status, count(*) AS n FROM state WHERE topic = 'cli' "
+        "GROUP BY channel, status",
+    )
+    assert answer.returncode == 0, answer.stderr[-3000:]
+    assert re.search(r"\|\s*c\s*\|\s*in_flight\s*\|\s*2\s*\|", answer.stdout), answer.stdout
+    # No Spark banners, log4j warnings or Python logging: the JVM's stderr went to a file.
+    assert answer.stderr.strip() == "", answer.stderr[-3000:]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -228,6 +229,10 @@ def test_fanout_killed_mid_stream_then_restarted_is_exactly_once(
 
     rerun = _fanout_process(wh, "--once")
     assert rerun.wait(300) == 0, (wh.parent / "fanout.log").read_text()[-3000:]
+    # A one-shot run ends with its progress line.
+    assert re.search(
+        r"fanout: done, \d+ batches, [\d,]+ messages", (wh.parent / "fanout.log").read_text()
+    )
     for ch in ("x", "y"):
         counts = Counter(channel_bodies(wh, "t", ch))
         assert set(counts) == set(published)
