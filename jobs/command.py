@@ -46,6 +46,29 @@ def settings_of(args: argparse.Namespace, **overrides: Any) -> Settings:
     return load_settings(getattr(args, "config", None), **given)
 
 
+def standalone_main(
+    name: str,
+    description: str | None,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    run: Callable[[argparse.Namespace, Settings], int],
+    argv: list[str] | None,
+    *,
+    log_level: int = logging.INFO,
+) -> int:
+    """``main`` of a job file run on its own (``spark-submit jobs/<name>.py``): the same flags
+    and help as ``deltaq <name>``."""
+    parser = argparse.ArgumentParser(
+        prog=f"deltaq {name}",
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_settings_arguments(parser)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    configure_logging(log_level)
+    return run_reporting_errors(name, lambda: run(args, settings_of(args)))
+
+
 def settings_json(settings: Settings) -> str:
     return json.dumps(settings.model_dump(mode="json"))
 

@@ -20,10 +20,7 @@ if __name__ == "__main__":
     sys.path.insert(0, __file__.rsplit("/jobs/", 1)[0])
 
 from jobs.command import (
-    add_settings_arguments,
-    configure_logging,
-    run_reporting_errors,
-    settings_of,
+    standalone_main,
 )
 from queue_engine.settings import Settings
 
@@ -104,16 +101,7 @@ def _stop_when_orphaned(stop: threading.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="deltaq jobs",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_settings_arguments(parser)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    configure_logging()
-    return run_reporting_errors("jobs", lambda: run(args, settings_of(args)))
+    return standalone_main("jobs", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

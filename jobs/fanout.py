@@ -18,10 +18,7 @@ if __name__ == "__main__":
 
 from jobs.command import (
     Progress,
-    add_settings_arguments,
-    configure_logging,
-    run_reporting_errors,
-    settings_of,
+    standalone_main,
 )
 from queue_engine.settings import Settings
 
@@ -114,16 +111,7 @@ def _follow(query: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="deltaq fanout",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_settings_arguments(parser)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    configure_logging()
-    return run_reporting_errors("fanout", lambda: run(args, settings_of(args)))
+    return standalone_main("fanout", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

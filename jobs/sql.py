@@ -22,10 +22,8 @@ if __name__ == "__main__":
 
 from jobs.command import (
     CommandError,
-    add_settings_arguments,
     configure_logging,
-    run_reporting_errors,
-    settings_of,
+    standalone_main,
 )
 from queue_engine.settings import Settings
 
@@ -98,16 +96,8 @@ def quiet_logging() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="deltaq sql",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_settings_arguments(parser)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
     quiet_logging()
-    return run_reporting_errors("sql", lambda: run(args, settings_of(args)))
+    return standalone_main("sql", __doc__, add_arguments, run, argv, log_level=logging.WARNING)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,7 @@ if __name__ == "__main__":
 from jobs.command import (
     CommandError,
     Progress,
-    add_settings_arguments,
-    configure_logging,
-    run_reporting_errors,
-    settings_of,
+    standalone_main,
 )
 from queue_engine.settings import Settings
 
@@ -104,16 +101,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="deltaq sweep",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_settings_arguments(parser)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    configure_logging()
-    return run_reporting_errors("sweep", lambda: run(args, settings_of(args)))
+    return standalone_main("sweep", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

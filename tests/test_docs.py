@@ -97,7 +97,15 @@ def test_command_errors_are_one_line(tmp_path: object, argv: list[str], expected
 
 
 def test_the_repository_speaks_of_the_product_only() -> None:
-    words = re.compile(r"\b(session [0-9]+|issue [0-9]+|review mends?|same hour)\b", re.I)
+    # Spelled in pieces so that this file does not match itself.
+    words = re.compile(
+        r"\b("
+        + "|".join(
+            ["sess" + "ion [0-9]+", "iss" + "ue [0-9]+", "rev" + "iew mend", "same" + " hour"]
+        )
+        + r")",
+        re.I,
+    )
     tracked = subprocess.run(
         ["git", "ls-files", "*.py", "*.md", "*.toml"],
         cwd=ROOT,
@@ -108,7 +116,6 @@ def test_the_repository_speaks_of_the_product_only() -> None:
     found = [
         f"{path}: {m.group(0)}"
         for path in tracked
-        if path != "tests/test_docs.py"
         for m in words.finditer((ROOT / path).read_text(errors="replace"))
     ]
     assert not found, found
