@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException
 from api import admin, consume, info, publish
 from api.fastpath import FastPath
 from api.responses import error, from_queue_error
+from api.tcp.server import TcpServer
 from queue_engine import __version__
 from queue_engine.broker import Broker
 from queue_engine.errors import ErrorCode, QueueError
@@ -40,9 +41,14 @@ def create_app(settings: Settings) -> FastAPI:
         broker = Broker(settings)
         await broker.start()
         app.state.broker = broker
+        tcp = TcpServer(broker) if settings.tcp_port else None
         try:
+            if tcp is not None:
+                await tcp.start()
             yield
         finally:
+            if tcp is not None:
+                await tcp.close()
             await broker.close()
 
     # /docs is served from assets shipped in a package (swagger-ui-bundle), not from a CDN:

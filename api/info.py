@@ -12,14 +12,12 @@ from fastapi import APIRouter, Query, Request, Response
 
 from api.responses import TEXT_TYPE, ok_json
 from api.state import broker_of
-from queue_engine import __version__
+from queue_engine import NSQD_VERSION, __version__
 from queue_engine.channel import ConsumerSeen
 from queue_engine.stats import TopicStats
 
 router = APIRouter(tags=["info"])
 
-# The nsqd HTTP API level deltaq implements; clients compare it, so it is nsqd's numbering.
-NSQD_API_VERSION = "1.3.0"
 _BOOL = {"true": True, "1": True, "false": False, "0": False}
 
 
@@ -38,13 +36,13 @@ async def info(request: Request) -> Response:
     broker = broker_of(request)
     return ok_json(
         {
-            "version": NSQD_API_VERSION,
+            "version": NSQD_VERSION,
             "deltaq_version": __version__,
             "broadcast_address": socket.gethostname(),
             "hostname": socket.gethostname(),
             "http_port": broker.settings.port,
-            # deltaq speaks HTTP only; there is no nsqd TCP protocol port.
-            "tcp_port": 0,
+            # 0 when the TCP protocol is turned off.
+            "tcp_port": broker.settings.tcp_port,
             "start_time": int(broker.started_at),
             "warehouse": broker.settings.warehouse,
             "ack": str(broker.settings.ack),
@@ -131,7 +129,7 @@ def _memory() -> dict[str, int]:
 def _text(stats: list[TopicStats], started_at: float) -> str:
     uptime = int(time.time() - started_at)
     lines = [
-        f"deltaq v{__version__} (nsqd HTTP API {NSQD_API_VERSION})",
+        f"deltaq v{__version__} (nsqd HTTP API {NSQD_VERSION})",
         f"start_time {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(started_at))}",
         f"uptime {uptime}s",
         "",
@@ -174,7 +172,7 @@ async def stats(
     if format != "json":
         return Response(_text(topics, broker.started_at), media_type=TEXT_TYPE)
     body: dict[str, Any] = {
-        "version": NSQD_API_VERSION,
+        "version": NSQD_VERSION,
         "health": "OK",
         "start_time": int(broker.started_at),
         "topics": [_topic_json(t) for t in topics],

@@ -31,6 +31,13 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="HTTP port (default 4151, nsqd's)")
     parser.add_argument(
+        "--tcp-port",
+        type=int,
+        help="port of nsqd's TCP protocol for NSQ's clients (default 4150, nsqd's; 0: off)",
+    )
+    parser.add_argument("--tls-cert", help="PEM certificate: TCP clients may upgrade to TLS")
+    parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    parser.add_argument(
         "--ack",
         choices=["commit", "buffer"],
         help="answer /pub after the Delta commit (commit, the default) or once buffered",
@@ -78,7 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging()
 
     def settings() -> Settings:
-        return settings_of(args, host=args.host, port=args.port, ack=args.ack)
+        return settings_of(
+            args,
+            host=args.host,
+            port=args.port,
+            tcp_port=args.tcp_port,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            ack=args.ack,
+        )
 
     if args.command == "up":
         from deltaq.up import up

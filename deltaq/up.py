@@ -90,10 +90,12 @@ def _announce_ready(
         if settings.spark_connect_port
         else ""
     )
+    tcp = f"; NSQ clients on {settings.host}:{settings.tcp_port}" if settings.tcp_port else ""
     log.info(
-        "deltaq ready: %s (API docs %s/docs); fanout + sweep every %.0f s%s; warehouse %s",
+        "deltaq ready: %s (API docs %s/docs)%s; fanout + sweep every %.0f s%s; warehouse %s",
         url,
         url,
+        tcp,
         settings.sweep_interval_s,
         sql,
         settings.warehouse,

@@ -7,3 +7,7 @@ is the only package that imports ``deltalake``; ``broker`` ties them together fo
 from __future__ import annotations
 
 __version__ = "0.1.0"
+
+# The nsqd version whose HTTP API and TCP protocol deltaq speaks; clients compare it, so it is
+# nsqd's numbering.
+NSQD_VERSION = "1.3.0"

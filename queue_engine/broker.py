@@ -264,6 +264,11 @@ class Broker:
     ) -> list[Delivery]:
         """nsqd's SUB + RDY over HTTP: creates the topic and channel if needed, then waits
         up to ``wait_s`` for messages and leases up to ``limit`` of them to ``consumer``."""
+        runtime = await self.open_channel(topic, channel)
+        return await runtime.sub(limit, wait_s, lease_us, consumer)
+
+    async def open_channel(self, topic: str, channel: str) -> ChannelRuntime:
+        """The live channel (nsqd's GetTopic + GetChannel: both are created if needed)."""
         if self._closing:
             raise QueueError(ErrorCode.EXITING)
         runtime = self._channels.get((topic, channel))
@@ -271,7 +276,11 @@ class Broker:
             await self.create_topic(topic)
             await self.create_channel(topic, channel)
             runtime = self._channels[(topic, channel)]
-        return await runtime.sub(limit, wait_s, lease_us, consumer)
+        return runtime
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
 
     async def settle(
         self,

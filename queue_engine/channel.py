@@ -16,7 +16,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Generator, Iterable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -39,6 +39,17 @@ log = logging.getLogger(__name__)
 
 # How long a consumer counts as connected (client_count) after its last SUB.
 CLIENT_IDLE_S = 60.0
+
+
+class _Done:
+    """An awaitable that is already over (nothing to commit)."""
+
+    def __await__(self) -> Generator[None, None, None]:
+        return
+        yield
+
+
+_DONE = _Done()
 
 
 def now_us() -> int:
@@ -156,8 +167,13 @@ class ChannelRuntime:
 
     # -- consumers --------------------------------------------------------------------------
 
-    async def sub(self, limit: int, wait_s: float, lease_us: int, consumer: str) -> list[Delivery]:
-        """Lease up to ``limit`` messages, waiting up to ``wait_s`` for the first one."""
+    async def sub(
+        self, limit: int | Callable[[], int], wait_s: float, lease_us: int, consumer: str
+    ) -> list[Delivery]:
+        """Lease up to ``limit`` messages, waiting up to ``wait_s`` for the first one.
+
+        ``limit`` may be a function, asked again after each wait (a TCP client's RDY less its
+        messages in flight changes while it waits); at 0 nothing more is awaited."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         client = self._clients.get(consumer)
@@ -165,9 +181,12 @@ class ChannelRuntime:
             client = self._clients[consumer] = ConsumerSeen(consumer, time.time(), 0.0)
         client.last_seen = time.monotonic()
         while not self.closed:
+            wanted = limit() if callable(limit) else limit
+            if wanted <= 0:
+                break
             if not self._is_paused() and not self._broken:
                 await self.refill()
-                deliveries, events = self.queue.take(limit, now_us(), lease_us, consumer)
+                deliveries, events = self.queue.take(wanted, now_us(), lease_us, consumer)
                 if self.queue.body_wanted:
                     self._fetch_bodies()
                 if deliveries:
@@ -198,6 +217,22 @@ class ChannelRuntime:
         max_lease_us: int = 0,
     ) -> None:
         """FIN, REQ or TOUCH: all answers or none (``SettleError``), durable on return."""
+        await self.settle_nowait(
+            kind, answers, delay_us=delay_us, lease_us=lease_us, max_lease_us=max_lease_us
+        )
+
+    def settle_nowait(
+        self,
+        kind: EventKind,
+        answers: Iterable[Answer],
+        *,
+        delay_us: int = 0,
+        lease_us: int | None = None,
+        max_lease_us: int = 0,
+    ) -> Awaitable[None]:
+        """``settle`` applied to the queue now (all or none: ``SettleError``); the returned
+        awaitable ends when the ledger has it. The TCP protocol answers FIN with nothing, so
+        its FINs are applied in command order without waiting for each commit."""
         if self._broken:
             raise QueueError(ErrorCode.E_COMMIT_FAILED, "channel is reloading")
         events = self.queue.settle(
@@ -209,8 +244,8 @@ class ChannelRuntime:
             max_lease_us=max_lease_us,
         )
         if kind is EventKind.REQ and any(e.deliver_at_us is None for e in events):
-            await self.wake()
-        await self._write(events)
+            self._wake_soon()
+        return self._submit(events)
 
     # -- background work (called by the broker's pump) ---------------------------------------
 
@@ -358,19 +393,27 @@ class ChannelRuntime:
     # -- internals --------------------------------------------------------------------------
 
     async def _write(self, events: list[LeaseEvent]) -> None:
+        await self._submit(events)
+
+    def _submit(self, events: list[LeaseEvent]) -> Awaitable[None]:
+        """Hand ``events`` to the ledger writer now; the awaitable ends with their commit."""
         if not events:
-            return
+            return _DONE
         assert self._writer is not None
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         try:
             self._writer.submit_events(events, future)
         except WriterClosedError as exc:
             raise QueueError(ErrorCode.EXITING, str(exc)) from exc
-        try:
-            await future
-        except QueueError:
+        future.add_done_callback(self._check_commit)
+        return future
+
+    def _check_commit(self, future: asyncio.Future[None]) -> None:
+        if not future.cancelled() and isinstance(future.exception(), QueueError):
             self._fail()
-            raise
+
+    def _wake_soon(self) -> None:
+        asyncio.get_running_loop().create_task(self.wake())
 
     async def _write_quietly(self, events: list[LeaseEvent]) -> None:
         try:

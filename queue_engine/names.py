@@ -8,13 +8,13 @@ from queue_engine.errors import ErrorCode, QueueError
 
 MAX_NAME_LENGTH = 64
 EPHEMERAL_SUFFIX = "#ephemeral"
-_NAME = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
+_NAME = re.compile(r"[.a-zA-Z0-9_-]+(#ephemeral)?")
 
 
 def is_valid_name(name: str) -> bool:
     """True for nsqd-valid names, except all-dot names ("." and ".."), which deltaq refuses
     because every name becomes a directory in the warehouse."""
-    if not 1 <= len(name) <= MAX_NAME_LENGTH or not _NAME.match(name):
+    if not 1 <= len(name) <= MAX_NAME_LENGTH or not _NAME.fullmatch(name):
         return False
     return name.removesuffix(EPHEMERAL_SUFFIX).strip(".") != ""
 

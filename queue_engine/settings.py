@@ -42,6 +42,11 @@ class Settings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = 4151
+    # nsqd's TCP protocol (V2), for NSQ's own clients; 0 turns it off.
+    tcp_port: int = 4150
+    # A certificate and key (PEM files): TCP clients may then upgrade with IDENTIFY's tls_v1.
+    tls_cert: str | None = None
+    tls_key: str | None = None
     # Serve /pub and /mpub with a plain ASGI handler instead of FastAPI's routing (same answers,
     # about twice the requests per second). Off only to compare or to debug.
     http_fast_path: bool = True

@@ -35,6 +35,7 @@ class Server:
     warehouse: Path
     env: dict[str, str] = field(default_factory=dict)
     port: int = 0
+    tcp_port: int = 0
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
 
@@ -44,6 +45,7 @@ class Server:
 
     def start(self, timeout_s: float = 30.0) -> Server:
         self.port = self.port or free_port()
+        self.tcp_port = self.tcp_port or free_port()
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         self.log_path = self.warehouse.parent / f"server-{self.port}.log"
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
@@ -59,6 +61,8 @@ class Server:
                 HOST,
                 "--port",
                 str(self.port),
+                "--tcp-port",
+                str(self.tcp_port),
             ],
             env=env,
             stdout=log,

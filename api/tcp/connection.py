@@ -1,0 +1,622 @@
+"""One V2 protocol client: its commands (nsqd's protocol_v2.go, error for error) and, once
+subscribed, the pump that pushes messages while it has RDY to spare.
+
+Deliveries go through the channel's ``ChannelRuntime`` like an HTTP ``/sub``: a DELIVER is in
+the ledger before its message frame is written. FIN, REQ and TOUCH change the queue at once
+and are handed to the ledger writer in command order; the protocol answers them with nothing,
+so a failed commit comes back as an error frame. A REQ'd message can be delivered again only
+through a later DELIVER in the same ledger, which is committed after the REQ.
+
+When a client disconnects, its in-flight messages are requeued at once (a REQ recorded as
+this client's), not left to time out as nsqd does: the next consumer gets them without
+waiting msg_timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from enum import Enum
+
+from api.tcp import frames
+from api.tcp.frames import ClientError, FatalClientError
+from api.tcp.identify import ClientOptions, identify
+from api.tcp.transport import Closed, Transport
+from queue_engine.broker import Broker
+from queue_engine.channel import ChannelRuntime
+from queue_engine.channel_queue import Answer, Delivery, SettleError
+from queue_engine.errors import QueueError
+from queue_engine.lease import EventKind
+from queue_engine.names import is_valid_name
+
+log = logging.getLogger(__name__)
+
+# How long the pump waits on a channel before looking at its client again (RDY, closing).
+PUMP_WAIT_S = 1.0
+_INT64 = 2**63
+
+
+class State(Enum):
+    INIT = "init"
+    SUBSCRIBED = "subscribed"
+    CLOSING = "closing"
+
+
+def go_quote(data: bytes) -> str:
+    """Go's %q of a string (how nsqd names a bad topic in its errors)."""
+    out = ['"']
+    text = data.decode("utf-8", errors="surrogateescape")
+    escapes = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+    escapes |= {"\v": "\\v", '"': '\\"', "\\": "\\\\"}
+    for char in text:
+        code = ord(char)
+        if char in escapes:
+            out.append(escapes[char])
+        elif 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\x{code:02x}")
+        elif not char.isprintable() and code > 0x7F:
+            out.append(f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+        else:
+            out.append(char)
+    out.append('"')
+    return "".join(out)
+
+
+def base10(data: bytes) -> int | None:
+    """nsqd's ByteToBase10: digits only (an empty string is 0), as a Go int64 (wrapping)."""
+    if not all(48 <= b <= 57 for b in data):
+        return None
+    number = int(data) if data else 0
+    number %= 2**64
+    return number - 2**64 if number >= _INT64 else number
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+class Connection:
+    """One client of the TCP protocol, from its magic to its last frame."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        transport: Transport,
+        *,
+        tls_context: ssl.SSLContext | None,
+        on_closed: Callable[[Connection], None],
+    ) -> None:
+        self.broker = broker
+        self.settings = broker.settings
+        self.transport = transport
+        self.tls_context = tls_context
+        self._on_closed = on_closed
+        self.options = ClientOptions(msg_timeout_ms=self.settings.msg_timeout_ms)
+        self.state = State.INIT
+        self.name = transport.peer
+        self.connected_at = time.time()
+        self.ready_count = 0
+        # Messages this client holds: id -> the lease it was delivered under.
+        self.in_flight: dict[str, str] = {}
+        self.message_count = 0
+        self.finish_count = 0
+        self.requeue_count = 0
+        self.runtime: ChannelRuntime | None = None
+        self._ready_changed = asyncio.Event()
+        self._pump: asyncio.Task[None] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._closed = False
+        self._commands: dict[bytes, Callable[[list[bytes]], Awaitable[bytes | None]]] = {
+            b"IDENTIFY": self._identify,
+            b"FIN": self._fin,
+            b"RDY": self._rdy,
+            b"REQ": self._req,
+            b"PUB": self._pub,
+            b"MPUB": self._mpub,
+            b"DPUB": self._dpub,
+            b"NOP": self._nop,
+            b"TOUCH": self._touch,
+            b"SUB": self._sub,
+            b"CLS": self._cls,
+            b"AUTH": self._auth,
+        }
+
+    # -- the connection's life ----------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            self._set_timeouts()
+            magic = await self.transport.readexactly(4)
+            if magic != frames.MAGIC_V2:
+                self.transport.write(frames.error(b"E_BAD_PROTOCOL"))
+                await self.transport.flush()
+                return
+            self._heartbeat = asyncio.get_running_loop().create_task(self._beat())
+            await self._io_loop()
+        except Closed as exc:
+            log.debug("%s: %s", self.name, exc)
+        except Exception:
+            log.exception("%s: connection failed", self.name)
+        finally:
+            await self.close()
+
+    async def _io_loop(self) -> None:
+        transport = self.transport
+        while not self._closed:
+            line = await transport.readline()
+            while True:
+                params = line.split(b" ")
+                try:
+                    handler = self._commands.get(params[0])
+                    if handler is None:
+                        raise FatalClientError("E_INVALID", f"invalid command {_text(params[0])}")
+                    answer = await handler(params)
+                except ClientError as exc:
+                    log.info("%s: %s", self.name, exc)
+                    transport.write(frames.error(exc.frame_data))
+                    if exc.fatal:
+                        await transport.flush()
+                        return
+                else:
+                    if answer is not None:
+                        transport.write(frames.response(answer))
+                # Commands that arrived together are answered with one write.
+                buffered = transport.buffered_line()
+                if buffered is None:
+                    break
+                line = buffered
+            await transport.flush()
+
+    def _set_timeouts(self) -> None:
+        """nsqd's deadlines: a read within two heartbeats, a write within one."""
+        interval = self.options.heartbeat_interval_ms / 1000
+        self.transport.read_timeout_s = 2 * interval if interval > 0 else None
+        self.transport.write_timeout_s = interval if interval > 0 else None
+
+    async def _beat(self) -> None:
+        with contextlib.suppress(Closed):
+            while not self._closed:
+                interval = self.options.heartbeat_interval_ms / 1000
+                if interval <= 0:
+                    return
+                await asyncio.sleep(interval)
+                self.transport.write(frames.response(frames.HEARTBEAT))
+                await self.transport.flush()
+
+    async def close(self) -> None:
+        """Stop pushing, requeue what this client holds, close the socket."""
+        if self._closed:
+            return
+        self._closed = True
+        self._ready_changed.set()
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        if self._pump is not None and self.runtime is not None:
+            await self.runtime.wake()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._pump), PUMP_WAIT_S * 3)
+            self._pump.cancel()
+        await self._requeue_held()
+        await self.transport.close()
+        self._on_closed(self)
+
+    async def _requeue_held(self) -> None:
+        runtime = self.runtime
+        if runtime is None or runtime.closed or not self.in_flight:
+            return
+        states = runtime.queue.states
+        held = [
+            Answer(message_id, lease)
+            for message_id, lease in self.in_flight.items()
+            if (state := states.get(message_id)) is not None
+            and state.in_flight
+            and state.lease == lease
+        ]
+        self.in_flight.clear()
+        if not held:
+            return
+        try:
+            await runtime.settle_nowait(EventKind.REQ, held)
+            log.info("%s: requeued %d messages it held", self.name, len(held))
+        except (QueueError, SettleError) as exc:
+            log.warning("%s: could not requeue %d messages: %s", self.name, len(held), exc)
+
+    # -- pushing messages ---------------------------------------------------------------------
+
+    def _wanted(self) -> int:
+        """How many more messages this client may have in flight now (0: none)."""
+        if self._closed or self.state is not State.SUBSCRIBED:
+            return 0
+        return self.ready_count - len(self.in_flight)
+
+    def _forget_ended(self) -> None:
+        """Drop leases that ended without this client (timed out, then delivered again):
+        nsqd's client in-flight count drops when a message times out."""
+        runtime = self.runtime
+        if runtime is None:
+            return
+        states = runtime.queue.states
+        for message_id, lease in list(self.in_flight.items()):
+            state = states.get(message_id)
+            if state is None or state.lease != lease or not (state.in_flight or state.timed_out):
+                del self.in_flight[message_id]
+
+    async def _run_pump(self, runtime: ChannelRuntime) -> None:
+        lease_us = self.options.msg_timeout_ms * 1000
+        try:
+            while not self._closed:
+                if runtime.closed:
+                    # The channel was deleted (or the server is stopping): nsqd closes its
+                    # clients.
+                    self.transport.abort()
+                    return
+                if self._wanted() <= 0:
+                    self._ready_changed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._ready_changed.wait(), PUMP_WAIT_S)
+                    self._forget_ended()
+                    continue
+                deliveries = await runtime.sub(self._wanted, PUMP_WAIT_S, lease_us, self.name)
+                if deliveries:
+                    await self._push(runtime, deliveries)
+        except (Closed, QueueError) as exc:
+            log.info("%s: stops receiving: %s", self.name, exc)
+            self.transport.abort()
+
+    async def _push(self, runtime: ChannelRuntime, deliveries: list[Delivery]) -> None:
+        in_flight = self.in_flight
+        for delivery in deliveries:
+            in_flight[delivery.id] = delivery.lease
+        if self._closed:
+            return  # close() requeues them
+        sample_rate = self.options.sample_rate
+        if sample_rate:
+            # nsqd drops the messages a sampling client does not get; deltaq finishes them.
+            dropped = [d for d in deliveries if random.randrange(100) > sample_rate]
+            if dropped:
+                for delivery in dropped:
+                    del in_flight[delivery.id]
+                dropped_ids = {d.id for d in dropped}
+                deliveries = [d for d in deliveries if d.id not in dropped_ids]
+                await runtime.settle_nowait(EventKind.FIN, [Answer(d.id, d.lease) for d in dropped])
+        write = self.transport.write
+        message = frames.message
+        for delivery in deliveries:
+            write(
+                message(
+                    delivery.published_at_us * 1000, delivery.attempts, delivery.id, delivery.body
+                )
+            )
+        self.message_count += len(deliveries)
+        await self.transport.flush()
+
+    # -- commands -----------------------------------------------------------------------------
+
+    async def _nop(self, params: list[bytes]) -> bytes | None:
+        return None
+
+    async def _read_body(self, command: str, code: str, what: str, limit: int) -> bytes:
+        """A length-prefixed body with nsqd's checks (``what``: "body" or "message body")."""
+        try:
+            size = frames.read_length(await self.transport.readexactly(4))
+        except Closed as exc:
+            raise FatalClientError(code, f"{command} failed to read {what} size") from exc
+        if command in ("IDENTIFY", "AUTH", "MPUB"):
+            if size > limit:
+                raise FatalClientError(code, f"{command} body too big {size} > {limit}")
+            if size <= 0:
+                raise FatalClientError(code, f"{command} invalid {what} size {size}")
+        else:
+            if size <= 0:
+                raise FatalClientError(code, f"{command} invalid {what} size {size}")
+            if size > limit:
+                raise FatalClientError(code, f"{command} message too big {size} > {limit}")
+        try:
+            return await self.transport.readexactly(size)
+        except Closed as exc:
+            raise FatalClientError(code, f"{command} failed to read {what}") from exc
+
+    async def _identify(self, params: list[bytes]) -> bytes | None:
+        if self.state is not State.INIT:
+            raise FatalClientError("E_INVALID", "cannot IDENTIFY in current state")
+        body = await self._read_body(
+            "IDENTIFY", "E_BAD_BODY", "body", self.settings.max_body_size_bytes
+        )
+        negotiated = identify(
+            self.options, body, self.settings, tls_available=self.tls_context is not None
+        )
+        self._set_timeouts()
+        if self.options.client_id:
+            self.name = f"{self.options.client_id}@{self.transport.peer}"
+        if negotiated.answer is None:
+            return frames.OK
+        transport = self.transport
+        transport.write(frames.response(negotiated.answer))
+        await transport.flush()
+        try:
+            if negotiated.tls:
+                assert self.tls_context is not None
+                await transport.start_tls(self.tls_context)
+                transport.write(frames.response(frames.OK))
+                await transport.flush()
+            if negotiated.snappy:
+                transport.start_snappy()
+                transport.write(frames.response(frames.OK))
+                await transport.flush()
+            if negotiated.deflate:
+                transport.start_deflate(negotiated.deflate_level)
+                transport.write(frames.response(frames.OK))
+                await transport.flush()
+        except (ssl.SSLError, ConnectionError, OSError) as exc:
+            raise FatalClientError("E_IDENTIFY_FAILED", f"IDENTIFY failed {exc}") from exc
+        return None
+
+    async def _auth(self, params: list[bytes]) -> bytes | None:
+        if self.state is not State.INIT:
+            raise FatalClientError("E_INVALID", "cannot AUTH in current state")
+        if len(params) != 1:
+            raise FatalClientError("E_INVALID", "AUTH invalid number of parameters")
+        await self._read_body("AUTH", "E_BAD_BODY", "body", self.settings.max_body_size_bytes)
+        # deltaq has no authentication to check a secret against, as nsqd without
+        # --auth-http-address.
+        raise FatalClientError("E_AUTH_DISABLED", "AUTH disabled")
+
+    async def _sub(self, params: list[bytes]) -> bytes | None:
+        if self.state is not State.INIT:
+            raise FatalClientError("E_INVALID", "cannot SUB in current state")
+        if self.options.heartbeat_interval_ms <= 0:
+            raise FatalClientError("E_INVALID", "cannot SUB with heartbeats disabled")
+        if len(params) < 3:
+            raise FatalClientError("E_INVALID", "SUB insufficient number of parameters")
+        topic, channel = _text(params[1]), _text(params[2])
+        if not is_valid_name(topic) or topic.encode() != params[1]:
+            raise FatalClientError(
+                "E_BAD_TOPIC", f"SUB topic name {go_quote(params[1])} is not valid"
+            )
+        if not is_valid_name(channel) or channel.encode() != params[2]:
+            raise FatalClientError(
+                "E_BAD_CHANNEL", f"SUB channel name {go_quote(params[2])} is not valid"
+            )
+        try:
+            runtime = await self.broker.open_channel(topic, channel)
+        except QueueError as exc:
+            raise FatalClientError("E_SUB_FAILED", f"SUB failed {exc}") from exc
+        self.runtime = runtime
+        self.state = State.SUBSCRIBED
+        self._pump = asyncio.get_running_loop().create_task(self._run_pump(runtime))
+        return frames.OK
+
+    async def _rdy(self, params: list[bytes]) -> bytes | None:
+        if self.state is State.CLOSING:
+            return None  # nsqd ignores RDY after CLS
+        if self.state is not State.SUBSCRIBED:
+            raise FatalClientError("E_INVALID", "cannot RDY in current state")
+        count = 1
+        if len(params) > 1:
+            parsed = base10(params[1])
+            if parsed is None:
+                raise FatalClientError("E_INVALID", f"RDY could not parse count {_text(params[1])}")
+            count = parsed
+        if count < 0 or count > self.settings.max_rdy_count:
+            # Fatal, as in nsqd: the client's idea of its RDY would be wrong otherwise.
+            raise FatalClientError(
+                "E_INVALID", f"RDY count {count} out of range 0-{self.settings.max_rdy_count}"
+            )
+        self.ready_count = count
+        self._ready_changed.set()
+        if self.runtime is not None and count > 0:
+            await self.runtime.wake()
+        return None
+
+    def _held(self, command: str, params: list[bytes], least: int) -> tuple[str, str]:
+        """The message id a FIN/REQ/TOUCH names and this client's lease on it."""
+        if self.state not in (State.SUBSCRIBED, State.CLOSING):
+            raise FatalClientError("E_INVALID", f"cannot {command} in current state")
+        if len(params) < least:
+            raise FatalClientError("E_INVALID", f"{command} insufficient number of params")
+        raw = params[1]
+        if len(raw) != frames.MESSAGE_ID_BYTES:
+            raise FatalClientError("E_INVALID", "invalid message ID")
+        message_id = raw.decode("latin-1")
+        lease = self.in_flight.get(message_id)
+        if lease is None:
+            raise ClientError(
+                f"E_{command}_FAILED", f"{command} {message_id} failed {self._why_not(message_id)}"
+            )
+        return message_id, lease
+
+    def _why_not(self, message_id: str) -> str:
+        """nsqd's reason a message is not this client's to answer."""
+        runtime = self.runtime
+        state = runtime.queue.states.get(message_id) if runtime is not None else None
+        if state is not None and state.in_flight:
+            return "client does not own message"
+        return "ID not in flight"
+
+    def _settle(
+        self,
+        command: str,
+        kind: EventKind,
+        message_id: str,
+        lease: str,
+        *,
+        delay_us: int = 0,
+    ) -> None:
+        runtime = self.runtime
+        assert runtime is not None
+        try:
+            committed = runtime.settle_nowait(
+                kind,
+                [Answer(message_id, lease)],
+                delay_us=delay_us,
+                lease_us=self.options.msg_timeout_ms * 1000,
+                max_lease_us=self.settings.max_msg_timeout_ms * 1000,
+            )
+        except SettleError as exc:
+            self.in_flight.pop(message_id, None)
+            raise ClientError(
+                f"E_{command}_FAILED", f"{command} {message_id} failed ID not in flight"
+            ) from exc
+        except QueueError as exc:
+            raise ClientError(
+                f"E_{command}_FAILED", f"{command} {message_id} failed {exc}"
+            ) from exc
+        if isinstance(committed, asyncio.Future):
+            committed.add_done_callback(
+                lambda future: self._after_commit(future, command, message_id)
+            )
+
+    def _after_commit(self, future: asyncio.Future[None], command: str, message_id: str) -> None:
+        """A FIN/REQ/TOUCH whose ledger commit failed: the client hears it as nsqd's error."""
+        error = None if future.cancelled() else future.exception()
+        if error is None or self._closed:
+            return
+        self.transport.write(
+            frames.error(f"E_{command}_FAILED {command} {message_id} failed {error}".encode())
+        )
+        asyncio.get_running_loop().create_task(self._flush_quietly())
+
+    async def _flush_quietly(self) -> None:
+        with contextlib.suppress(Closed):
+            await self.transport.flush()
+
+    async def _fin(self, params: list[bytes]) -> bytes | None:
+        message_id, lease = self._held("FIN", params, 2)
+        self._settle("FIN", EventKind.FIN, message_id, lease)
+        del self.in_flight[message_id]
+        self.finish_count += 1
+        self._ready_changed.set()
+        return None
+
+    async def _req(self, params: list[bytes]) -> bytes | None:
+        if self.state not in (State.SUBSCRIBED, State.CLOSING):
+            raise FatalClientError("E_INVALID", "cannot REQ in current state")
+        if len(params) < 3:
+            raise FatalClientError("E_INVALID", "REQ insufficient number of params")
+        if len(params[1]) != frames.MESSAGE_ID_BYTES:
+            raise FatalClientError("E_INVALID", "invalid message ID")
+        timeout_ms = base10(params[2])
+        if timeout_ms is None:
+            raise FatalClientError("E_INVALID", f"REQ could not parse timeout {_text(params[2])}")
+        # nsqd clamps the delay to 0..max_req_timeout rather than refusing it.
+        delay_ms = min(max(timeout_ms, 0), self.settings.max_req_timeout_ms)
+        message_id, lease = self._held("REQ", params, 3)
+        self._settle("REQ", EventKind.REQ, message_id, lease, delay_us=delay_ms * 1000)
+        del self.in_flight[message_id]
+        self.requeue_count += 1
+        self._ready_changed.set()
+        return None
+
+    async def _touch(self, params: list[bytes]) -> bytes | None:
+        message_id, lease = self._held("TOUCH", params, 2)
+        self._settle("TOUCH", EventKind.TOUCH, message_id, lease)
+        return None
+
+    async def _cls(self, params: list[bytes]) -> bytes | None:
+        if self.state is not State.SUBSCRIBED:
+            raise FatalClientError("E_INVALID", "cannot CLS in current state")
+        self.ready_count = 0
+        self.state = State.CLOSING
+        return frames.CLOSE_WAIT
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    def _topic(self, command: str, raw: bytes, prefix: str = "") -> str:
+        topic = _text(raw)
+        if not is_valid_name(topic) or topic.encode() != raw:
+            raise FatalClientError(
+                "E_BAD_TOPIC", f"{prefix}{command} topic name {go_quote(raw)} is not valid"
+            )
+        return topic
+
+    async def _publish(
+        self, command: str, topic: str, bodies: list[bytes], defer_ms: int | None = None
+    ) -> bytes:
+        try:
+            await self.broker.publish(topic, bodies, defer_ms)
+        except QueueError as exc:
+            raise FatalClientError(f"E_{command}_FAILED", f"{command} failed {exc}") from exc
+        return frames.OK
+
+    async def _pub(self, params: list[bytes]) -> bytes | None:
+        if len(params) < 2:
+            raise FatalClientError("E_INVALID", "PUB insufficient number of parameters")
+        topic = self._topic("PUB", params[1])
+        body = await self._read_body(
+            "PUB", "E_BAD_MESSAGE", "message body", self.settings.max_msg_size_bytes
+        )
+        return await self._publish("PUB", topic, [body])
+
+    async def _dpub(self, params: list[bytes]) -> bytes | None:
+        if len(params) < 3:
+            raise FatalClientError("E_INVALID", "DPUB insufficient number of parameters")
+        topic = self._topic("DPUB", params[1])
+        timeout_ms = base10(params[2])
+        if timeout_ms is None:
+            raise FatalClientError("E_INVALID", f"DPUB could not parse timeout {_text(params[2])}")
+        max_ms = self.settings.max_req_timeout_ms
+        if not 0 <= timeout_ms <= max_ms:
+            raise FatalClientError(
+                "E_INVALID", f"DPUB timeout {timeout_ms % 2**64} out of range 0-{max_ms}"
+            )
+        body = await self._read_body(
+            "DPUB", "E_BAD_MESSAGE", "message body", self.settings.max_msg_size_bytes
+        )
+        return await self._publish("DPUB", topic, [body], timeout_ms or None)
+
+    async def _mpub(self, params: list[bytes]) -> bytes | None:
+        if len(params) < 2:
+            raise FatalClientError("E_INVALID", "MPUB insufficient number of parameters")
+        # nsqd's MPUB error repeats its code in the text.
+        topic = self._topic("MPUB", params[1], prefix="E_BAD_TOPIC ")
+        # nsqd creates the topic before it reads the body.
+        try:
+            await self.broker.create_topic(topic)
+        except QueueError as exc:
+            raise FatalClientError("E_MPUB_FAILED", f"MPUB failed {exc}") from exc
+        max_body = self.settings.max_body_size_bytes
+        max_msg = self.settings.max_msg_size_bytes
+        transport = self.transport
+        try:
+            size = frames.read_length(await transport.readexactly(4))
+        except Closed as exc:
+            raise FatalClientError("E_BAD_BODY", "MPUB failed to read body size") from exc
+        if size <= 0:
+            raise FatalClientError("E_BAD_BODY", f"MPUB invalid body size {size}")
+        if size > max_body:
+            raise FatalClientError("E_BAD_BODY", f"MPUB body too big {size} > {max_body}")
+        try:
+            count = frames.read_length(await transport.readexactly(4))
+        except Closed as exc:
+            raise FatalClientError("E_BAD_BODY", "MPUB failed to read message count") from exc
+        # nsqd's bound: 4 bytes of count, then at least 5 per message (length + 1 byte).
+        if count <= 0 or count > (max_body - 4) // 5:
+            raise FatalClientError("E_BAD_BODY", f"MPUB invalid message count {count}")
+        bodies = []
+        for i in range(count):
+            try:
+                message_size = frames.read_length(await transport.readexactly(4))
+            except Closed as exc:
+                raise FatalClientError(
+                    "E_BAD_MESSAGE", f"MPUB failed to read message({i}) body size"
+                ) from exc
+            if message_size <= 0:
+                raise FatalClientError(
+                    "E_BAD_MESSAGE", f"MPUB invalid message({i}) body size {message_size}"
+                )
+            if message_size > max_msg:
+                raise FatalClientError(
+                    "E_BAD_MESSAGE", f"MPUB message too big {message_size} > {max_msg}"
+                )
+            try:
+                bodies.append(await transport.readexactly(message_size))
+            except Closed as exc:
+                raise FatalClientError("E_BAD_MESSAGE", "MPUB failed to read message body") from exc
+        return await self._publish("MPUB", topic, bodies)

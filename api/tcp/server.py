@@ -1,0 +1,89 @@
+"""The TCP listener: one ``Connection`` per client, in the API's event loop (so TCP and HTTP
+consumers share each channel's queue and ledger)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from pathlib import Path
+
+from api.tcp.connection import Connection
+from api.tcp.transport import Transport
+from queue_engine.broker import Broker
+from queue_engine.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def tls_context(settings: Settings) -> ssl.SSLContext | None:
+    """The server's TLS context when a certificate and key are configured (IDENTIFY's tls_v1)."""
+    if not settings.tls_cert and not settings.tls_key:
+        return None
+    if not (settings.tls_cert and settings.tls_key):
+        raise ValueError("tls_cert and tls_key go together: give both or neither")
+    for path in (settings.tls_cert, settings.tls_key):
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"TLS file not found: {path}")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    # nsqd's default minimum (--tls-min-version tls1.2).
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(settings.tls_cert, settings.tls_key)
+    return context
+
+
+class TcpServer:
+    """nsqd's TCP protocol on ``settings.host``:``settings.tcp_port``."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.settings = broker.settings
+        self.connections: set[Connection] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+        self._tls = tls_context(self.settings)
+
+    async def start(self) -> None:
+        try:
+            self._server = await asyncio.start_server(
+                self._accept,
+                self.settings.host,
+                self.settings.tcp_port,
+                limit=2**20,
+                reuse_address=True,
+            )
+        except OSError as exc:
+            raise OSError(
+                f"cannot listen for the TCP protocol on "
+                f"{self.settings.host}:{self.settings.tcp_port}: {exc.strerror}"
+            ) from exc
+        log.info(
+            "nsqd TCP protocol on %s:%d%s",
+            self.settings.host,
+            self.settings.tcp_port,
+            " (TLS available)" if self._tls else "",
+        )
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = Connection(
+            self.broker,
+            Transport(reader, writer),
+            tls_context=self._tls,
+            on_closed=self.connections.discard,
+        )
+        self.connections.add(connection)
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        await connection.run()
+
+    async def close(self) -> None:
+        """Stop listening and close every client (their messages in flight are requeued)."""
+        if self._server is not None:
+            self._server.close()
+        await asyncio.gather(*(c.close() for c in list(self.connections)), return_exceptions=True)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._server is not None:
+            await self._server.wait_closed()

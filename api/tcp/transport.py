@@ -1,0 +1,174 @@
+"""One TCP connection's bytes in and out, and the upgrades IDENTIFY negotiates: TLS, deflate
+and snappy (nsqd's: raw deflate with a sync flush per write, snappy's framing format).
+
+Reads go through one buffer so that a line, a length and a body are read alike whatever the
+stream is wrapped in. Writes are collected and sent (compressed, if negotiated) by ``flush``;
+a peer that does not read within ``write_timeout_s`` is disconnected, as nsqd's write
+deadline does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import zlib
+from collections.abc import Callable
+
+import snappy
+
+READ_CHUNK_BYTES = 64 * 1024
+# nsqd reads commands through a 16 KiB bufio.Reader; a longer line ends the connection.
+MAX_LINE_BYTES = 16 * 1024
+
+
+class Closed(Exception):
+    """The peer closed the connection, sent a line too long, or stopped sending or reading."""
+
+
+class Transport:
+    """Buffered, optionally compressed reads and writes over an asyncio stream."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._buffer = bytearray()
+        self._pending: list[bytes] = []
+        self._decompress: Callable[[bytes], bytes] | None = None
+        self._compress: Callable[[bytes], bytes] | None = None
+        self.read_timeout_s: float | None = None
+        self.write_timeout_s: float | None = None
+        self.closed = False
+
+    @property
+    def peer(self) -> str:
+        address = self._writer.get_extra_info("peername")
+        return f"{address[0]}:{address[1]}" if address else "unknown"
+
+    # -- reading ------------------------------------------------------------------------------
+
+    async def _fill(self) -> None:
+        try:
+            chunk = await asyncio.wait_for(self._reader.read(READ_CHUNK_BYTES), self.read_timeout_s)
+        except (TimeoutError, ConnectionError, ssl.SSLError) as exc:
+            raise Closed(f"read failed: {exc!r}") from exc
+        if not chunk:
+            raise Closed("closed by the peer")
+        if self._decompress is not None:
+            try:
+                chunk = self._decompress(chunk)
+            except Exception as exc:  # zlib.error, snappy's errors: the stream is garbage
+                raise Closed(f"could not decompress: {exc}") from exc
+        self._buffer += chunk
+
+    async def readline(self) -> bytes:
+        """One command line without its ``\\n`` (and an optional ``\\r``, as nsqd trims)."""
+        start = 0
+        while True:
+            end = self._buffer.find(b"\n", start)
+            if end >= 0:
+                break
+            if len(self._buffer) >= MAX_LINE_BYTES:
+                raise Closed("command line too long")
+            start = len(self._buffer)
+            await self._fill()
+        if end >= MAX_LINE_BYTES:
+            raise Closed("command line too long")
+        line = bytes(self._buffer[:end])
+        del self._buffer[: end + 1]
+        return line[:-1] if line.endswith(b"\r") else line
+
+    def buffered_line(self) -> bytes | None:
+        """The next line if it is already buffered (commands that arrived together)."""
+        end = self._buffer.find(b"\n")
+        if end < 0 or end >= MAX_LINE_BYTES:
+            return None
+        line = bytes(self._buffer[:end])
+        del self._buffer[: end + 1]
+        return line[:-1] if line.endswith(b"\r") else line
+
+    async def readexactly(self, size: int) -> bytes:
+        while len(self._buffer) < size:
+            await self._fill()
+        data = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return data
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        self._pending.append(data)
+
+    async def flush(self) -> None:
+        """Send what was written; a peer that does not take it in time is disconnected."""
+        if not self._pending or self.closed:
+            self._pending.clear()
+            return
+        data = b"".join(self._pending)
+        self._pending.clear()
+        if self._compress is not None:
+            data = self._compress(data)
+        try:
+            self._writer.write(data)
+            await asyncio.wait_for(self._writer.drain(), self.write_timeout_s)
+        except (TimeoutError, ConnectionError, ssl.SSLError, RuntimeError) as exc:
+            self.abort()
+            raise Closed(f"write failed: {exc!r}") from exc
+
+    # -- upgrades -----------------------------------------------------------------------------
+
+    async def start_tls(self, context: ssl.SSLContext) -> None:
+        await self.flush()
+        await self._writer.start_tls(context)
+
+    def start_deflate(self, level: int) -> None:
+        decompressor = zlib.decompressobj(-zlib.MAX_WBITS)
+        compressor = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS)
+
+        def compress(data: bytes) -> bytes:
+            return compressor.compress(data) + compressor.flush(zlib.Z_SYNC_FLUSH)
+
+        self._start_compression(decompressor.decompress, compress)
+
+    def start_snappy(self) -> None:
+        self._start_compression(
+            snappy.StreamDecompressor().decompress, snappy.StreamCompressor().add_chunk
+        )
+
+    def _start_compression(
+        self, decompress: Callable[[bytes], bytes], compress: Callable[[bytes], bytes]
+    ) -> None:
+        # Bytes after the IDENTIFY were sent compressed (a client sends nothing before the
+        # answer; this keeps a pipelining one working).
+        buffered = bytes(self._buffer)
+        self._buffer.clear()
+        self._decompress, self._compress = decompress, compress
+        if buffered:
+            self._buffer += decompress(buffered)
+
+    # -- closing ------------------------------------------------------------------------------
+
+    def abort(self) -> None:
+        self.closed = True
+        transport = self._writer.transport
+        if not transport.is_closing():
+            transport.abort()
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            await self.flush_unchecked()
+            self._writer.close()
+            await asyncio.wait_for(self._writer.wait_closed(), 1.0)
+        except (TimeoutError, ConnectionError, ssl.SSLError, RuntimeError):
+            self._writer.transport.abort()
+
+    async def flush_unchecked(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            if self._compress is not None:
+                data = self._compress(data)
+            self._writer.write(data)
+            await asyncio.wait_for(self._writer.drain(), 1.0)
