@@ -343,14 +343,17 @@ class Connection:
         try:
             if negotiated.tls:
                 assert self.tls_context is not None
+                log.info("%s: upgrading connection to TLS", self.name)
                 await transport.start_tls(self.tls_context)
                 transport.write(frames.response(frames.OK))
                 await transport.flush()
             if negotiated.snappy:
+                log.info("%s: upgrading connection to snappy", self.name)
                 transport.start_snappy()
                 transport.write(frames.response(frames.OK))
                 await transport.flush()
             if negotiated.deflate:
+                log.info("%s: upgrading connection to deflate", self.name)
                 transport.start_deflate(negotiated.deflate_level)
                 transport.write(frames.response(frames.OK))
                 await transport.flush()

@@ -1,0 +1,229 @@
+"""NSQ's own clients, unchanged, against deltaq's TCP protocol: pynsq, gnsq, go-nsq's to_nsq
+and nsq_tail; TCP and HTTP consumers on one channel; what a disconnect does to leases."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import trustme
+
+from queue_engine.lease import EventKind
+from queue_engine.store.ledger import read_ledger
+from queue_engine.store.tables import Warehouse
+from tests.conftest import ROOT, Server
+from tests.nsq_wire import Wire, identify, tool
+
+CLIENTS = ROOT / "tests" / "clients"
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture(scope="module")
+def server(
+    warehouse: Path, fanout: None, ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    certs = tmp_path_factory.mktemp("certs")
+    issued = ca.issue_cert("127.0.0.1")
+    issued.cert_chain_pems[0].write_to_path(str(certs / "server.pem"))
+    issued.private_key_pem.write_to_path(str(certs / "server.key"))
+    server = Server(
+        warehouse,
+        env={
+            "DELTAQ_TLS_CERT": str(certs / "server.pem"),
+            "DELTAQ_TLS_KEY": str(certs / "server.key"),
+            "DELTAQ_MSG_TIMEOUT_MS": "30000",
+        },
+    ).start()
+    yield server
+    server.stop()
+
+
+def _run_client(script: str, *args: str) -> dict[str, list[str]]:
+    done = subprocess.run(
+        [sys.executable, str(CLIENTS / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("feature", ["plain", "snappy", "deflate"])
+def test_pynsq_reader_and_writer(server: Server, feature: str) -> None:
+    pytest.importorskip("nsq")
+    topic = f"pynsq_{feature}"
+    seen = _run_client("pynsq_roundtrip.py", str(server.tcp_port), topic, "30", feature)
+    assert seen["acks"] == ["b'OK'"] * 30
+    assert sorted(seen["got"]) == sorted(f"py{i}" for i in range(30))
+    bodies = server.topic_table(topic)["body"].to_pylist()
+    assert sorted(bodies) == sorted(f"py{i}".encode() for i in range(30))
+
+
+def test_pynsq_over_tls(server: Server, ca: trustme.CA, tmp_path: Path) -> None:
+    pytest.importorskip("nsq")
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    seen = _run_client(
+        "pynsq_roundtrip.py", str(server.tcp_port), "pynsq_tls", "10", "tls", str(ca_file)
+    )
+    assert sorted(seen["got"]) == sorted(f"py{i}" for i in range(10))
+    assert "upgrading connection to TLS" in server.log()
+
+
+@pytest.mark.parametrize("feature", ["", "deflate", "snappy"])
+def test_gnsq_consumer_and_producer(server: Server, feature: str) -> None:
+    pytest.importorskip("gnsq")
+    topic = f"gnsq_{feature or 'plain'}"
+    seen = _run_client(
+        "gnsq_roundtrip.py", str(server.tcp_port), topic, "20", *([feature] if feature else [])
+    )
+    assert seen["acks"] == ["OK"] * 11
+    assert sorted(seen["got"]) == sorted(f"g{i}" for i in range(20))
+
+
+def test_to_nsq_then_nsq_tail(server: Server) -> None:
+    address = f"--nsqd-tcp-address=127.0.0.1:{server.tcp_port}"
+    lines = "".join(f"line {i}\n" for i in range(25))
+    subprocess.run(
+        [str(tool("to_nsq")), address, "--topic=go_tools"],
+        input=lines,
+        text=True,
+        check=True,
+        timeout=60,
+        capture_output=True,
+    )
+    tail = subprocess.run(
+        [str(tool("nsq_tail")), address, "--topic=go_tools", "--channel=tail", "-n", "25"],
+        text=True,
+        timeout=60,
+        capture_output=True,
+        check=True,
+    )
+    assert sorted(tail.stdout.splitlines()) == sorted(lines.splitlines())
+
+
+def _subscriber(server: Server, topic: str, channel: str, rdy: int, **options: object) -> Wire:
+    wire = Wire(server.tcp_port)
+    wire.send(identify(client_id="t", **options))
+    wire.send(f"SUB {topic} {channel}\nRDY {rdy}\n".encode())
+    assert wire.frame() == (0, b"OK")
+    assert wire.frame() == (0, b"OK")
+    return wire
+
+
+def _publish(server: Server, topic: str, bodies: list[bytes]) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        for start in range(0, len(bodies), 100):
+            chunk = bodies[start : start + 100]
+            http.post(f"/mpub?topic={topic}", content=b"\n".join(chunk)).raise_for_status()
+
+
+def test_tcp_and_http_consumers_share_one_channel(server: Server) -> None:
+    topic, channel, count = "shared_channel", "both", 300
+    wire = _subscriber(server, topic, channel, 20)
+    expected = {f"m{i}".encode() for i in range(count)}
+    by_tcp: list[bytes] = []
+    by_http: list[bytes] = []
+    done = threading.Event()
+
+    def tcp() -> None:
+        while not done.is_set():
+            try:
+                message = wire.message(timeout_s=2)
+            except TimeoutError:
+                continue
+            assert message.attempts == 1
+            by_tcp.append(message.body)
+            wire.send(b"FIN " + message.id + b"\n")
+
+    def http() -> None:
+        with httpx.Client(base_url=server.url, timeout=70) as client:
+            while not done.is_set():
+                answer = client.get(
+                    "/sub", params={"topic": topic, "channel": channel, "max": 10, "wait_ms": 500}
+                ).json()
+                pairs = []
+                for message in answer["messages"]:
+                    assert message["attempts"] == 1
+                    by_http.append(base64.b64decode(message["body"]))
+                    pairs.append(f"{message['id']} {message['lease']}")
+                if pairs:
+                    client.post(
+                        "/fin",
+                        params={"topic": topic, "channel": channel},
+                        content="\n".join(pairs),
+                    ).raise_for_status()
+
+    workers = [threading.Thread(target=tcp), threading.Thread(target=http)]
+    for worker in workers:
+        worker.start()
+    _publish(server, topic, sorted(expected))
+    deadline = time.monotonic() + 60
+    while len(by_tcp) + len(by_http) < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    done.set()
+    for worker in workers:
+        worker.join(10)
+    wire.close()
+    assert sorted(by_tcp + by_http) == sorted(expected)  # each once, none lost
+    assert by_tcp and by_http
+
+
+def test_a_disconnect_requeues_its_messages_at_once(server: Server, warehouse: Path) -> None:
+    topic, channel = "dropped_client", "work"
+    first = _subscriber(server, topic, channel, 5)
+    _publish(server, topic, [f"d{i}".encode() for i in range(5)])
+    held = [first.message() for _ in range(5)]
+    assert all(m.attempts == 1 for m in held)
+    first.close()  # no FIN: msg_timeout is 30 s, so only the disconnect can free them now
+    started = time.monotonic()
+    second = _subscriber(server, topic, channel, 5)
+    again = [second.message() for _ in range(5)]
+    assert time.monotonic() - started < 10
+    assert sorted(m.body for m in again) == sorted(m.body for m in held)
+    assert all(m.attempts == 2 for m in again)
+    for message in again:
+        second.send(b"FIN " + message.id + b"\n")
+    second.send(b"NOP\n")
+    second.close()
+    ledger = Warehouse(str(warehouse)).channel_ledger_path(topic, channel)
+    events, _ = read_ledger(ledger)
+    ids = {m.id.decode() for m in held}
+    kinds = sorted(e.kind for e in events if e.id in ids)
+    assert kinds.count(EventKind.DELIVER) == 10
+    assert kinds.count(EventKind.REQ) == 5
+    delivered_to = {e.consumer for e in events if e.kind is EventKind.DELIVER and e.id in ids}
+    assert all(c is not None and c.startswith("t@127.0.0.1:") for c in delivered_to)
+
+
+def test_rdy_bounds_what_is_in_flight(server: Server) -> None:
+    topic, channel = "rdy_bound", "c"
+    wire = _subscriber(server, topic, channel, 3)
+    _publish(server, topic, [f"r{i}".encode() for i in range(10)])
+    first = [wire.message() for _ in range(3)]
+    with pytest.raises(TimeoutError):
+        wire.message(timeout_s=2)  # RDY 3 and 3 in flight: nothing more comes
+    wire.send(b"FIN " + first[0].id + b"\n")
+    assert wire.message().attempts == 1  # one slot freed, one message
+    wire.send(b"RDY 0\n")
+    for message in first[1:]:
+        wire.send(b"FIN " + message.id + b"\n")
+    with pytest.raises(TimeoutError):
+        wire.message(timeout_s=2)  # RDY 0: nothing, whatever is free
+    wire.close()
