@@ -58,8 +58,20 @@ def parse_message(data: bytes) -> Message:
 class Wire:
     """A raw V2 client: bytes out, frames in."""
 
-    def __init__(self, port: int, *, magic: bytes | None = b"  V2", timeout_s: float = 10) -> None:
-        self.sock = socket.create_connection((HOST, port), timeout=timeout_s)
+    def __init__(
+        self,
+        port: int,
+        *,
+        magic: bytes | None = b"  V2",
+        timeout_s: float = 10,
+        receive_buffer: int | None = None,
+    ) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if receive_buffer is not None:
+            # Before connecting, so the window the server may fill is this small.
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        self.sock.settimeout(timeout_s)
+        self.sock.connect((HOST, port))
         self.timeout_s = timeout_s
         if magic:
             self.send(magic)

@@ -133,6 +133,7 @@ class Connection:
     async def run(self) -> None:
         try:
             self._set_timeouts()
+            self.transport.start_command()
             magic = await self.transport.readexactly(4)
             if magic != frames.MAGIC_V2:
                 self.transport.write(frames.error(b"E_BAD_PROTOCOL"))
@@ -150,6 +151,7 @@ class Connection:
     async def _io_loop(self) -> None:
         transport = self.transport
         while not self._closed:
+            transport.start_command()
             line = await transport.readline()
             while True:
                 params = line.split(b" ")

@@ -51,6 +51,8 @@ class TcpServer:
                 self.settings.tcp_port,
                 limit=2**20,
                 reuse_address=True,
+                # Many consumers connect at once after a restart (nsqd: the kernel's maximum).
+                backlog=1024,
             )
         except OSError as exc:
             raise OSError(

@@ -35,7 +35,9 @@ class Transport:
         self._pending: list[bytes] = []
         self._decompress: Callable[[bytes], bytes] | None = None
         self._compress: Callable[[bytes], bytes] | None = None
+        # nsqd's read deadline: a whole command (line and body) within this of its start.
         self.read_timeout_s: float | None = None
+        self._read_deadline: float | None = None
         self.write_timeout_s: float | None = None
         self.closed = False
 
@@ -46,9 +48,20 @@ class Transport:
 
     # -- reading ------------------------------------------------------------------------------
 
+    def start_command(self) -> None:
+        """A new command is awaited: its deadline starts now."""
+        timeout = self.read_timeout_s
+        loop = asyncio.get_running_loop()
+        self._read_deadline = None if timeout is None else loop.time() + timeout
+
     async def _fill(self) -> None:
+        timeout = None
+        if self._read_deadline is not None:
+            timeout = self._read_deadline - asyncio.get_running_loop().time()
+            if timeout <= 0:
+                raise Closed("read deadline passed")
         try:
-            chunk = await asyncio.wait_for(self._reader.read(READ_CHUNK_BYTES), self.read_timeout_s)
+            chunk = await asyncio.wait_for(self._reader.read(READ_CHUNK_BYTES), timeout)
         except (TimeoutError, ConnectionError, ssl.SSLError) as exc:
             raise Closed(f"read failed: {exc!r}") from exc
         if not chunk:
