@@ -42,11 +42,23 @@ def post(port: int, path: str, body: bytes = b"") -> str:
 
 
 def api_process(
-    warehouse: Path, port: int, env: dict[str, str] | None = None
+    warehouse: Path, port: int, env: dict[str, str] | None = None, tcp_port: int = 0
 ) -> subprocess.Popen[bytes]:
+    """``deltaq api`` on ``port`` (and the TCP protocol on ``tcp_port``; 0: off)."""
     log = open(warehouse.parent / "api.log", "ab")  # noqa: SIM115 - owned by the child
     proc = subprocess.Popen(
-        [sys.executable, "-m", "deltaq", "api", "--warehouse", str(warehouse), "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "deltaq",
+            "api",
+            "--warehouse",
+            str(warehouse),
+            "--port",
+            str(port),
+            "--tcp-port",
+            str(tcp_port),
+        ],
         cwd=ROOT,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -105,3 +117,31 @@ def publish_timestamps(port: int, topic: str, rate: int, seconds: float, prefix:
         next_at += interval
         time.sleep(max(0.0, next_at - time.monotonic()))
     return sent
+
+
+NSQD = ROOT.parent / "shared" / "tools" / "nsq-1.3.0" / "nsqd"
+
+
+def nsqd_process(data_path: Path, tcp_port: int, http_port: int) -> subprocess.Popen[bytes] | None:
+    """The reference nsqd 1.3.0 on loopback, or None where its binary is absent."""
+    if not NSQD.is_file():
+        return None
+    data_path.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        [
+            str(NSQD),
+            f"--tcp-address={HOST}:{tcp_port}",
+            f"--http-address={HOST}:{http_port}",
+            f"--data-path={data_path}",
+            "--log-level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(f"http://{HOST}:{http_port}/ping").read()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("nsqd did not start")

@@ -22,6 +22,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from enum import Enum
+from functools import partial
 
 from api.tcp import frames
 from api.tcp.frames import ClientError, FatalClientError
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 
 # How long the pump waits on a channel before looking at its client again (RDY, closing).
 PUMP_WAIT_S = 1.0
+# "FIN " and a 16-byte message id.
+_FIN_LINE = 4 + frames.MESSAGE_ID_BYTES
 _INT64 = 2**63
 
 
@@ -150,31 +153,45 @@ class Connection:
 
     async def _io_loop(self) -> None:
         transport = self.transport
+        # FINs that arrived together are applied and committed as one batch (a consumer at
+        # RDY 200 sends them in bursts); any other command first settles the batch before it,
+        # so commands still take effect in the order they were sent.
+        fins: list[bytes] = []
         while not self._closed:
             transport.start_command()
-            line = await transport.readline()
-            while True:
-                params = line.split(b" ")
-                try:
-                    handler = self._commands.get(params[0])
-                    if handler is None:
-                        raise FatalClientError("E_INVALID", f"invalid command {_text(params[0])}")
-                    answer = await handler(params)
-                except ClientError as exc:
-                    log.info("%s: %s", self.name, exc)
-                    transport.write(frames.error(exc.frame_data))
-                    if exc.fatal:
+            line: bytes | None = await transport.readline()
+            while line is not None:
+                if len(line) == _FIN_LINE and line.startswith(b"FIN ") and self._can_answer():
+                    fins.append(line[4:])
+                else:
+                    if fins:
+                        self._finish(fins)
+                        fins = []
+                    if not await self._execute(line):
                         await transport.flush()
                         return
-                else:
-                    if answer is not None:
-                        transport.write(frames.response(answer))
                 # Commands that arrived together are answered with one write.
-                buffered = transport.buffered_line()
-                if buffered is None:
-                    break
-                line = buffered
+                line = transport.buffered_line()
+            if fins:
+                self._finish(fins)
+                fins = []
             await transport.flush()
+
+    async def _execute(self, line: bytes) -> bool:
+        """Run one command and queue its answer; False when the connection must close."""
+        params = line.split(b" ")
+        try:
+            handler = self._commands.get(params[0])
+            if handler is None:
+                raise FatalClientError("E_INVALID", f"invalid command {_text(params[0])}")
+            answer = await handler(params)
+        except ClientError as exc:
+            log.info("%s: %s", self.name, exc)
+            self.transport.write(frames.error(exc.frame_data))
+            return not exc.fatal
+        if answer is not None:
+            self.transport.write(frames.response(answer))
+        return True
 
     def _set_timeouts(self) -> None:
         """nsqd's deadlines: a read within two heartbeats, a write within one."""
@@ -445,47 +462,76 @@ class Connection:
             return "client does not own message"
         return "ID not in flight"
 
-    def _settle(
-        self,
-        command: str,
-        kind: EventKind,
-        message_id: str,
-        lease: str,
-        *,
-        delay_us: int = 0,
-    ) -> None:
+    def _can_answer(self) -> bool:
+        return self.state in (State.SUBSCRIBED, State.CLOSING)
+
+    def _finish(self, raw_ids: list[bytes]) -> None:
+        """FIN of each id (16 bytes each, the client subscribed): one ledger submission for
+        all; those this client does not hold get nsqd's E_FIN_FAILED, in order."""
+        answers = []
+        in_flight = self.in_flight
+        for raw in raw_ids:
+            message_id = raw.decode("latin-1")
+            lease = in_flight.pop(message_id, None)
+            if lease is None:
+                why = self._why_not(message_id)
+                self.transport.write(
+                    frames.error(f"E_FIN_FAILED FIN {message_id} failed {why}".encode())
+                )
+            else:
+                answers.append(Answer(message_id, lease))
+        self.finish_count += len(answers)
+        self._settle_all("FIN", EventKind.FIN, answers)
+        self._ready_changed.set()
+
+    def _settle_all(
+        self, command: str, kind: EventKind, answers: list[Answer], *, delay_us: int = 0
+    ) -> list[str]:
+        """Settle ``answers`` in one ledger submission; returns the ids refused (not in flight
+        under that lease any more: their error frames are written)."""
         runtime = self.runtime
         assert runtime is not None
-        try:
-            committed = runtime.settle_nowait(
-                kind,
-                [Answer(message_id, lease)],
-                delay_us=delay_us,
-                lease_us=self.options.msg_timeout_ms * 1000,
-                max_lease_us=self.settings.max_msg_timeout_ms * 1000,
-            )
-        except SettleError as exc:
-            self.in_flight.pop(message_id, None)
-            raise ClientError(
-                f"E_{command}_FAILED", f"{command} {message_id} failed ID not in flight"
-            ) from exc
-        except QueueError as exc:
-            raise ClientError(
-                f"E_{command}_FAILED", f"{command} {message_id} failed {exc}"
-            ) from exc
-        if isinstance(committed, asyncio.Future):
-            committed.add_done_callback(
-                lambda future: self._after_commit(future, command, message_id)
-            )
+        refused: list[str] = []
+        while answers:
+            try:
+                committed = runtime.settle_nowait(
+                    kind,
+                    answers,
+                    delay_us=delay_us,
+                    lease_us=self.options.msg_timeout_ms * 1000,
+                    max_lease_us=self.settings.max_msg_timeout_ms * 1000,
+                )
+            except SettleError as exc:
+                failed = set(exc.failed)
+                refused.extend(exc.failed)
+                answers = [a for a in answers if a.id not in failed]
+                continue
+            except QueueError as exc:
+                refused.extend(a.id for a in answers)
+                for answer in answers:
+                    self._failed(command, answer.id, str(exc))
+                return refused
+            if isinstance(committed, asyncio.Future):
+                ids = [a.id for a in answers]
+                committed.add_done_callback(partial(self._after_commit, command=command, ids=ids))
+            break
+        for message_id in refused:
+            self._failed(command, message_id, "ID not in flight")
+        return refused
 
-    def _after_commit(self, future: asyncio.Future[None], command: str, message_id: str) -> None:
-        """A FIN/REQ/TOUCH whose ledger commit failed: the client hears it as nsqd's error."""
+    def _failed(self, command: str, message_id: str, why: str) -> None:
+        self.in_flight.pop(message_id, None)
+        self.transport.write(
+            frames.error(f"E_{command}_FAILED {command} {message_id} failed {why}".encode())
+        )
+
+    def _after_commit(self, future: asyncio.Future[None], *, command: str, ids: list[str]) -> None:
+        """FIN/REQ/TOUCHes whose ledger commit failed: the client hears nsqd's error."""
         error = None if future.cancelled() else future.exception()
         if error is None or self._closed:
             return
-        self.transport.write(
-            frames.error(f"E_{command}_FAILED {command} {message_id} failed {error}".encode())
-        )
+        for message_id in ids:
+            self._failed(command, message_id, str(error))
         asyncio.get_running_loop().create_task(self._flush_quietly())
 
     async def _flush_quietly(self) -> None:
@@ -494,9 +540,9 @@ class Connection:
 
     async def _fin(self, params: list[bytes]) -> bytes | None:
         message_id, lease = self._held("FIN", params, 2)
-        self._settle("FIN", EventKind.FIN, message_id, lease)
         del self.in_flight[message_id]
         self.finish_count += 1
+        self._settle_all("FIN", EventKind.FIN, [Answer(message_id, lease)])
         self._ready_changed.set()
         return None
 
@@ -513,15 +559,17 @@ class Connection:
         # nsqd clamps the delay to 0..max_req_timeout rather than refusing it.
         delay_ms = min(max(timeout_ms, 0), self.settings.max_req_timeout_ms)
         message_id, lease = self._held("REQ", params, 3)
-        self._settle("REQ", EventKind.REQ, message_id, lease, delay_us=delay_ms * 1000)
         del self.in_flight[message_id]
+        self._settle_all(
+            "REQ", EventKind.REQ, [Answer(message_id, lease)], delay_us=delay_ms * 1000
+        )
         self.requeue_count += 1
         self._ready_changed.set()
         return None
 
     async def _touch(self, params: list[bytes]) -> bytes | None:
         message_id, lease = self._held("TOUCH", params, 2)
-        self._settle("TOUCH", EventKind.TOUCH, message_id, lease)
+        self._settle_all("TOUCH", EventKind.TOUCH, [Answer(message_id, lease)])
         return None
 
     async def _cls(self, params: list[bytes]) -> bytes | None:

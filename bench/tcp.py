@@ -1,0 +1,344 @@
+"""nsqd's TCP protocol: deltaq beside the reference nsqd 1.3.0, same load generator, same run.
+
+1. consume: a backlog of ``--backlog`` 200-byte messages on one channel (deltaq: fanned out
+   first with ``deltaq fanout --once``), then 4 consumer processes (SUB, RDY 200, FIN each
+   message) until it is empty. msg/s.
+2. publish: 16 connections for ``--seconds`` each, ``PUB`` one message and wait for OK; then
+   ``MPUB`` of 100. msg/s.
+3. latency: one consumer (RDY 100, FIN each) on a channel, a publisher at ``--rate`` msg/s over
+   ``PUB``, each body its publish time (deltaq: the fanout streaming). p50/p99 publish ->
+   delivered.
+
+Prints each figure for both and the ratio deltaq / nsqd. The load generator is Python
+(processes of raw sockets, frames parsed in bulk); both servers get the same.
+
+    python bench/tcp.py [--backlog 200000] [--seconds 10] [--rate 200] [--only consume]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import socket
+import struct
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from procs import (  # noqa: E402
+    HOST,
+    api_process,
+    fanout_process,
+    free_port,
+    nsqd_process,
+    post,
+    stop,
+)
+
+BODY = b"x" * 200
+CONSUMERS = 4
+RDY = 200
+PUBLISHERS = 16
+PUBLISHER_PROCESSES = 2
+
+
+@dataclass
+class Target:
+    name: str
+    tcp_port: int
+    http_port: int
+    pid: int
+
+
+def _connect(port: int) -> socket.socket:
+    sock = socket.create_connection((HOST, port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(b"  V2")
+    return sock
+
+
+def _frames(buffer: bytearray) -> tuple[list[tuple[int, bytes]], int]:
+    """Whole frames at the start of ``buffer`` and how many bytes they took."""
+    out = []
+    at = 0
+    end = len(buffer)
+    while end - at >= 8:
+        size, kind = struct.unpack_from(">ii", buffer, at)
+        if end - at - 4 < size:
+            break
+        out.append((kind, bytes(buffer[at + 8 : at + 4 + size])))
+        at += 4 + size
+    return out, at
+
+
+def _consume(
+    port: int, topic: str, done: mp.Value, stop_at: mp.Value, latencies: mp.Queue | None
+) -> None:  # type: ignore[type-arg]
+    sock = _connect(port)
+    sock.sendall(f"SUB {topic} c\nRDY {RDY}\n".encode())
+    buffer = bytearray()
+    count = 0
+    samples = []
+    sock.settimeout(0.2)
+    while not stop_at.value:
+        try:
+            chunk = sock.recv(1 << 18)
+        except TimeoutError:
+            continue
+        if not chunk:
+            break
+        now = time.time_ns()
+        buffer += chunk
+        frames, used = _frames(buffer)
+        del buffer[:used]
+        fins = []
+        for kind, data in frames:
+            if kind == 2:
+                fins.append(b"FIN " + data[10:26] + b"\n")
+                if latencies is not None and data[26:28] == b"t ":
+                    samples.append((now - int(data[28:])) / 1e6)
+            elif data == b"_heartbeat_":
+                fins.append(b"NOP\n")
+        if fins:
+            sock.sendall(b"".join(fins))
+            count += len(fins)
+            with done.get_lock():
+                done.value += len(fins)
+    if latencies is not None:
+        latencies.put(samples)
+    sock.close()
+
+
+def consume(target: Target, backlog: int, prepare: Callable[[], None]) -> float:
+    topic = "bench_consume"
+    post(target.http_port, f"/topic/create?topic={topic}")
+    post(target.http_port, f"/channel/create?topic={topic}&channel=c")
+    body = b"\n".join([BODY] * 1000)
+    for _ in range(backlog // 1000):
+        post(target.http_port, f"/mpub?topic={topic}", body)
+    prepare()
+    deadline = time.monotonic() + 600
+    while _depth(target, topic) < backlog and time.monotonic() < deadline:
+        time.sleep(0.2)
+    done = mp.Value("q", 0)
+    stop_at = mp.Value("b", 0)
+    procs = [
+        mp.Process(target=_consume, args=(target.tcp_port, topic, done, stop_at, None))
+        for _ in range(CONSUMERS)
+    ]
+    started = time.perf_counter()
+    for p in procs:
+        p.start()
+    while done.value < backlog and time.perf_counter() - started < 600:
+        time.sleep(0.005)
+    elapsed = time.perf_counter() - started
+    stop_at.value = 1
+    for p in procs:
+        p.join(30)
+    rss = psutil.Process(target.pid).memory_info().rss / 2**20
+    rate = done.value / elapsed
+    print(
+        f"  {target.name}: consume {done.value:,} of {backlog:,}, {CONSUMERS} consumers RDY "
+        f"{RDY}, FIN each: {rate:,.0f} msg/s ({elapsed:.1f} s; server RSS {rss:,.0f} MiB)",
+        flush=True,
+    )
+    return rate
+
+
+def _depth(target: Target, topic: str) -> int:
+    url = f"http://{HOST}:{target.http_port}/stats?format=json&topic={topic}&channel=c"
+    with urllib.request.urlopen(url) as answer:
+        stats = json.loads(answer.read())
+    topics = stats.get("topics") or []
+    if not topics or not topics[0]["channels"]:
+        return 0
+    return int(topics[0]["channels"][0]["depth"])
+
+
+def _publish(
+    port: int, topic: str, batch: int, connections: int, seconds: float, out: mp.Queue
+) -> None:  # type: ignore[type-arg]
+    """``connections`` sockets, each: one PUB (or MPUB of ``batch``) then wait for its OK."""
+    socks = [_connect(port) for _ in range(connections)]
+    if batch == 1:
+        command = f"PUB {topic}\n".encode() + struct.pack(">i", len(BODY)) + BODY
+    else:
+        payload = struct.pack(">i", batch) + (struct.pack(">i", len(BODY)) + BODY) * batch
+        command = f"MPUB {topic}\n".encode() + struct.pack(">i", len(payload)) + payload
+    sent = 0
+    end = time.monotonic() + seconds
+    for sock in socks:
+        sock.sendall(command)
+    buffers = {sock: bytearray() for sock in socks}
+    import selectors
+
+    selector = selectors.DefaultSelector()
+    for sock in socks:
+        selector.register(sock, selectors.EVENT_READ)
+    while time.monotonic() < end:
+        for key, _ in selector.select(1):
+            sock = key.fileobj
+            assert isinstance(sock, socket.socket)
+            buffer = buffers[sock]
+            buffer += sock.recv(1 << 16)
+            frames, used = _frames(buffer)
+            del buffer[:used]
+            for kind, data in frames:
+                if data == b"_heartbeat_":
+                    sock.sendall(b"NOP\n")
+                    continue
+                assert (kind, data) == (0, b"OK"), (kind, data)
+                sent += batch
+                sock.sendall(command)
+    out.put(sent)
+    for sock in socks:
+        sock.close()
+
+
+def publish(target: Target, batch: int, seconds: float) -> float:
+    topic = f"bench_pub_{batch}"
+    post(target.http_port, f"/topic/create?topic={topic}")
+    out: mp.Queue[int] = mp.Queue()
+    per = PUBLISHERS // PUBLISHER_PROCESSES
+    procs = [
+        mp.Process(target=_publish, args=(target.tcp_port, topic, batch, per, seconds, out))
+        for _ in range(PUBLISHER_PROCESSES)
+    ]
+    for p in procs:
+        p.start()
+    total = sum(out.get() for _ in procs)
+    for p in procs:
+        p.join(30)
+    rate = total / seconds
+    what = "PUB" if batch == 1 else f"MPUB x{batch}"
+    print(f"  {target.name}: {what}, {PUBLISHERS} connections: {rate:,.0f} msg/s", flush=True)
+    return rate
+
+
+def latency(target: Target, rate: int, seconds: float) -> tuple[float, float]:
+    topic = "bench_latency"
+    post(target.http_port, f"/topic/create?topic={topic}")
+    post(target.http_port, f"/channel/create?topic={topic}&channel=c")
+    done = mp.Value("q", 0)
+    stop_at = mp.Value("b", 0)
+    out: mp.Queue[list[float]] = mp.Queue()
+    consumer = mp.Process(target=_consume, args=(target.tcp_port, topic, done, stop_at, out))
+    consumer.start()
+    sock = _connect(target.tcp_port)
+    sock.settimeout(30)
+
+    def pub(body: bytes) -> None:
+        sock.sendall(f"PUB {topic}\n".encode() + struct.pack(">i", len(body)) + body)
+        answer = sock.recv(64)
+        assert answer.endswith(b"OK"), answer
+
+    # Until the path is warm (deltaq: the fanout stream is running and delivering).
+    deadline = time.monotonic() + 180
+    while done.value == 0 and time.monotonic() < deadline:
+        pub(b"warmup")
+        time.sleep(0.5)
+    time.sleep(2)
+    interval = 1 / rate
+    next_at = time.monotonic()
+    end = next_at + seconds
+    sent = 0
+    while time.monotonic() < end:
+        pub(f"t {time.time_ns()}".encode())
+        sent += 1
+        next_at += interval
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    time.sleep(3)
+    stop_at.value = 1
+    samples = sorted(out.get(timeout=30))
+    consumer.join(30)
+    sock.close()
+
+    def p(q: float) -> float:
+        return samples[min(len(samples) - 1, int(q * len(samples)))] if samples else float("nan")
+
+    print(
+        f"  {target.name}: publish -> delivered over TCP, {rate} msg/s for {seconds:.0f} s: "
+        f"p50 {p(0.5):.1f} ms, p99 {p(0.99):.1f} ms ({len(samples)}/{sent} delivered)",
+        flush=True,
+    )
+    return p(0.5), p(0.99)
+
+
+def _ratio(ours: float, theirs: float | None) -> str:
+    return f"{ours / theirs:.2f}x nsqd" if theirs else "no nsqd to compare"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--backlog", type=int, default=200_000)
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--rate", type=int, default=200)
+    parser.add_argument("--only", choices=["consume", "publish", "latency"])
+    args = parser.parse_args()
+    results: dict[str, dict[str, float]] = {"deltaq": {}, "nsqd": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("nsqd", "deltaq"):
+            tcp_port, http_port = free_port(), free_port()
+            wh = Path(tmp) / name / "wh"
+            wh.parent.mkdir(parents=True)
+            fanout = None
+            if name == "nsqd":
+                proc = nsqd_process(Path(tmp) / "nsqd-data", tcp_port, http_port)
+                if proc is None:
+                    print("nsqd: binary absent (../shared/tools/nsq-1.3.0): deltaq only")
+                    continue
+            else:
+                proc = api_process(wh, http_port, tcp_port=tcp_port)
+            target = Target(name, tcp_port, http_port, proc.pid)
+            figures = results[name]
+            try:
+                if args.only in (None, "publish"):
+                    figures["pub"] = publish(target, 1, args.seconds)
+                    figures["mpub"] = publish(target, 100, args.seconds)
+                if args.only in (None, "consume"):
+
+                    def prepare(name: str = name, wh: Path = wh) -> None:
+                        if name == "deltaq":
+                            once = fanout_process(wh, "--once")
+                            assert once.wait(1800) == 0
+
+                    figures["consume"] = consume(target, args.backlog, prepare)
+                if args.only in (None, "latency"):
+                    if name == "deltaq":
+                        fanout = fanout_process(wh)
+                    figures["p50"], figures["p99"] = latency(target, args.rate, args.seconds)
+            finally:
+                if fanout is not None:
+                    stop(fanout, group=True)
+                stop(proc)
+    ours, theirs = results["deltaq"], results["nsqd"]
+    print("deltaq / nsqd:")
+    for key, label in (
+        ("consume", f"consume ({CONSUMERS} consumers, RDY {RDY})"),
+        ("pub", f"PUB, {PUBLISHERS} connections"),
+        ("mpub", f"MPUB x100, {PUBLISHERS} connections"),
+    ):
+        if key in ours:
+            print(
+                f"  {label}: {ours[key]:,.0f} vs {theirs.get(key, 0):,.0f} msg/s = "
+                f"{_ratio(ours[key], theirs.get(key))}"
+            )
+    if "p50" in ours:
+        print(
+            f"  latency p50 {ours['p50']:.1f} vs {theirs.get('p50', float('nan')):.1f} ms, "
+            f"p99 {ours['p99']:.1f} vs {theirs.get('p99', float('nan')):.1f} ms"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
