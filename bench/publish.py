@@ -97,7 +97,18 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as warehouse:
         env = {**os.environ, "DELTAQ_ACK": args.ack}
         server = subprocess.Popen(
-            [sys.executable, "-m", "deltaq", "api", "--warehouse", warehouse, "--port", str(port)],
+            [
+                sys.executable,
+                "-m",
+                "deltaq",
+                "api",
+                "--warehouse",
+                warehouse,
+                "--port",
+                str(port),
+                "--tcp-port",
+                "0",
+            ],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -42,11 +42,13 @@ def _wait_for(
 
 @pytest.mark.slow
 def test_up_runs_the_readme_quick_start_and_stops_on_ctrl_c(tmp_path: Path) -> None:
-    port, connect_port = free_port(), free_port()
+    port, connect_port, tcp_port = free_port(), free_port(), free_port()
     # A settings file given to deltaq up must reach its jobs process: a sweep interval no
     # default has, and the Spark Connect port deltaq sql then finds.
     config = tmp_path / "deltaq.toml"
-    config.write_text(f"sweep_interval_s = 7.5\nspark_connect_port = {connect_port}\n")
+    config.write_text(
+        f"sweep_interval_s = 7.5\nspark_connect_port = {connect_port}\ntcp_port = {tcp_port}\n"
+    )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("DELTAQ_CONFIG", None)
     log_path = tmp_path / "up.log"
@@ -63,6 +65,7 @@ def test_up_runs_the_readme_quick_start_and_stops_on_ctrl_c(tmp_path: Path) -> N
         assert f"http://{HOST}:{port}" in text
         assert "fanout stream and sweep (every 7.5 s)" in text, text[-3000:]
         assert f"sc://127.0.0.1:{connect_port}" in text
+        assert f"NSQ clients on {HOST}:{tcp_port}" in text
 
         recipe = quick_start((ROOT / "README.md").read_text())
         recipe = recipe.replace("127.0.0.1:4151", f"{HOST}:{port}")
