@@ -45,8 +45,9 @@ class Settings(BaseSettings):
     # nsqd's TCP protocol (V2), for NSQ's own clients; 0 turns it off.
     tcp_port: int = 4150
     # A certificate and key (PEM files): TCP clients may then upgrade with IDENTIFY's tls_v1.
-    tls_cert: str | None = None
-    tls_key: str | None = None
+    # Empty: no TLS.
+    tls_cert: str = ""
+    tls_key: str = ""
     # Serve /pub and /mpub with a plain ASGI handler instead of FastAPI's routing (same answers,
     # about twice the requests per second). Off only to compare or to debug.
     http_fast_path: bool = True
