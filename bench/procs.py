@@ -64,13 +64,21 @@ def api_process(
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
     )
-    for _ in range(600):
+    return _answering(proc, port, "API", 30)
+
+
+def _answering(
+    proc: subprocess.Popen[bytes], port: int, name: str, timeout_s: float
+) -> subprocess.Popen[bytes]:
+    """``proc`` once its HTTP ``/ping`` answers on ``port``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
         try:
             urllib.request.urlopen(f"http://{HOST}:{port}/ping").read()
             return proc
         except OSError:
             time.sleep(0.05)
-    raise RuntimeError("API did not start")
+    raise RuntimeError(f"{name} did not start")
 
 
 def fanout_process(
@@ -138,10 +146,4 @@ def nsqd_process(data_path: Path, tcp_port: int, http_port: int) -> subprocess.P
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    for _ in range(300):
-        try:
-            urllib.request.urlopen(f"http://{HOST}:{http_port}/ping").read()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("nsqd did not start")
+    return _answering(proc, http_port, "nsqd", 15)
