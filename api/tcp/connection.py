@@ -19,7 +19,6 @@ import contextlib
 import logging
 import random
 import ssl
-import time
 from collections.abc import Awaitable, Callable
 from enum import Enum
 from functools import partial
@@ -104,13 +103,9 @@ class Connection:
         self.options = ClientOptions(msg_timeout_ms=self.settings.msg_timeout_ms)
         self.state = State.INIT
         self.name = transport.peer
-        self.connected_at = time.time()
         self.ready_count = 0
         # Messages this client holds: id -> the lease it was delivered under.
         self.in_flight: dict[str, str] = {}
-        self.message_count = 0
-        self.finish_count = 0
-        self.requeue_count = 0
         self.runtime: ChannelRuntime | None = None
         self._ready_changed = asyncio.Event()
         self._pump: asyncio.Task[None] | None = None
@@ -313,7 +308,6 @@ class Connection:
                     delivery.published_at_us * 1000, delivery.attempts, delivery.id, delivery.body
                 )
             )
-        self.message_count += len(deliveries)
         await self.transport.flush()
 
     # -- commands -----------------------------------------------------------------------------
@@ -480,7 +474,6 @@ class Connection:
                 )
             else:
                 answers.append(Answer(message_id, lease))
-        self.finish_count += len(answers)
         self._settle_all("FIN", EventKind.FIN, answers)
         self._ready_changed.set()
 
@@ -541,7 +534,6 @@ class Connection:
     async def _fin(self, params: list[bytes]) -> bytes | None:
         message_id, lease = self._held("FIN", params, 2)
         del self.in_flight[message_id]
-        self.finish_count += 1
         self._settle_all("FIN", EventKind.FIN, [Answer(message_id, lease)])
         self._ready_changed.set()
         return None
@@ -563,7 +555,6 @@ class Connection:
         self._settle_all(
             "REQ", EventKind.REQ, [Answer(message_id, lease)], delay_us=delay_ms * 1000
         )
-        self.requeue_count += 1
         self._ready_changed.set()
         return None
 

@@ -111,17 +111,19 @@ class Transport:
     def write(self, data: bytes) -> None:
         self._pending.append(data)
 
+    def _outgoing(self) -> bytes:
+        """What was written since the last send, compressed if negotiated."""
+        data = b"".join(self._pending)
+        self._pending.clear()
+        return self._compress(data) if self._compress is not None else data
+
     async def flush(self) -> None:
         """Send what was written; a peer that does not take it in time is disconnected."""
         if not self._pending or self.closed:
             self._pending.clear()
             return
-        data = b"".join(self._pending)
-        self._pending.clear()
-        if self._compress is not None:
-            data = self._compress(data)
         try:
-            self._writer.write(data)
+            self._writer.write(self._outgoing())
             await asyncio.wait_for(self._writer.drain(), self.write_timeout_s)
         except (TimeoutError, ConnectionError, ssl.SSLError, RuntimeError) as exc:
             self.abort()
@@ -179,9 +181,5 @@ class Transport:
 
     async def flush_unchecked(self) -> None:
         if self._pending:
-            data = b"".join(self._pending)
-            self._pending.clear()
-            if self._compress is not None:
-                data = self._compress(data)
-            self._writer.write(data)
+            self._writer.write(self._outgoing())
             await asyncio.wait_for(self._writer.drain(), 1.0)
