@@ -11,7 +11,7 @@ from api.responses import error_doc, ok_empty
 from api.state import broker_of
 from queue_engine.broker import Broker
 from queue_engine.errors import ErrorCode, QueueError
-from queue_engine.names import require_channel, require_topic
+from queue_engine.names import require_topic, require_topic_channel
 
 router = APIRouter(tags=["admin"])
 
@@ -23,9 +23,9 @@ _TOPIC_ERRORS = error_doc(
 )
 _CHANNEL_ERRORS = error_doc(
     ErrorCode.MISSING_ARG_TOPIC,
-    ErrorCode.INVALID_TOPIC,
+    ErrorCode.INVALID_ARG_TOPIC,
     ErrorCode.MISSING_ARG_CHANNEL,
-    ErrorCode.INVALID_CHANNEL,
+    ErrorCode.INVALID_ARG_CHANNEL,
     ErrorCode.TOPIC_NOT_FOUND,
     ErrorCode.CHANNEL_NOT_FOUND,
 )
@@ -99,7 +99,7 @@ async def _channel_op(
     channel: str | None,
     op: Callable[[Broker, str, str], Awaitable[None]],
 ) -> Response:
-    await op(broker_of(request), require_topic(topic), require_channel(channel))
+    await op(broker_of(request), *require_topic_channel(topic, channel))
     return ok_empty()
 
 

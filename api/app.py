@@ -12,8 +12,9 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
+from starlette.routing import BaseRoute, Match
 
-from api import admin, consume, info, publish
+from api import admin, config, consume, info, publish
 from api.fastpath import FastPath
 from api.responses import error, from_queue_error
 from api.tcp.server import TcpServer
@@ -31,6 +32,7 @@ Errors are nsqd's: `{"message": "CODE"}`.
 
 
 SWAGGER_ASSETS = "/_static/swagger-ui"
+_METHODS = ("DELETE", "GET", "PATCH", "POST", "PUT")
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -81,15 +83,20 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(consume.router)
     app.include_router(admin.router)
     app.include_router(info.router)
+    app.include_router(config.router)
 
     @app.exception_handler(QueueError)
     async def queue_error(_: Request, exc: QueueError) -> Response:
         return from_queue_error(exc)
 
     @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> Response:
+    async def http_error(request: Request, exc: HTTPException) -> Response:
         if exc.status_code == 405:
-            return error(ErrorCode.METHOD_NOT_ALLOWED, dict(exc.headers or {}))
+            allow = {"Allow": nsqd_allow(_path_methods(request))}
+            if request.method == "OPTIONS":
+                # nsqd's router answers OPTIONS on every route: 200, the methods, no body.
+                return Response(status_code=200, headers=allow)
+            return error(ErrorCode.METHOD_NOT_ALLOWED, allow)
         if exc.status_code == 404:
             return error(ErrorCode.NOT_FOUND)
         return error(ErrorCode.INVALID_REQUEST)
@@ -99,6 +106,23 @@ def create_app(settings: Settings) -> FastAPI:
         return error(ErrorCode.INVALID_REQUEST)
 
     return app
+
+
+def _path_methods(request: Request) -> set[str]:
+    """The methods of every route on the request's path (Starlette's own ``Allow`` names only
+    the first route that matched the path)."""
+    routes = [r for r in request.app.routes if isinstance(r, BaseRoute)]
+    return {
+        method
+        for method in _METHODS
+        if any(r.matches({**request.scope, "method": method})[0] is Match.FULL for r in routes)
+    }
+
+
+def nsqd_allow(methods: set[str]) -> str:
+    """An ``Allow`` header as nsqd's router writes it: the path's methods and OPTIONS,
+    sorted."""
+    return ", ".join(sorted((methods - {"HEAD"}) | {"OPTIONS"}))
 
 
 def with_fast_path(app: FastAPI, settings: Settings) -> FastAPI | FastPath:

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import psutil
 from fastapi import APIRouter, Query, Request, Response
 
-from api.responses import TEXT_TYPE, ok_json
+from api.responses import NSQ_HEADER, TEXT_TYPE, ok_json
 from api.state import broker_of
 from queue_engine import NSQD_VERSION, __version__
 from queue_engine.channel import ConsumerSeen
@@ -170,7 +170,7 @@ async def stats(
     broker = broker_of(request)
     topics = broker.stats(topic or None, channel or None)
     if format != "json":
-        return Response(_text(topics, broker.started_at), media_type=TEXT_TYPE)
+        return Response(_text(topics, broker.started_at), media_type=TEXT_TYPE, headers=NSQ_HEADER)
     body: dict[str, Any] = {
         "version": NSQD_VERSION,
         "health": "OK",

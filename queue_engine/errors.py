@@ -13,6 +13,13 @@ class ErrorCode(StrEnum):
     MISSING_ARG_CHANNEL = "MISSING_ARG_CHANNEL"
     INVALID_TOPIC = "INVALID_TOPIC"
     INVALID_CHANNEL = "INVALID_CHANNEL"
+    # nsqd's /channel/* handlers name a bad topic or channel with these (its shared
+    # topic/channel argument parser), where /pub and /topic/* say INVALID_TOPIC.
+    INVALID_ARG_TOPIC = "INVALID_ARG_TOPIC"
+    INVALID_ARG_CHANNEL = "INVALID_ARG_CHANNEL"
+    # GET/PUT /config/<option>.
+    INVALID_OPTION = "INVALID_OPTION"
+    INVALID_VALUE = "INVALID_VALUE"
     MSG_EMPTY = "MSG_EMPTY"
     MSG_TOO_BIG = "MSG_TOO_BIG"
     BODY_TOO_BIG = "BODY_TOO_BIG"

@@ -39,6 +39,20 @@ def require_channel(name: str | None) -> str:
     return name
 
 
+def require_topic_channel(topic: str | None, channel: str | None) -> tuple[str, str]:
+    """The topic and channel of nsqd's /channel/* calls, with that parser's codes
+    (``INVALID_ARG_TOPIC``, ``INVALID_ARG_CHANNEL``)."""
+    if topic is None:
+        raise QueueError(ErrorCode.MISSING_ARG_TOPIC)
+    if not is_valid_name(topic):
+        raise QueueError(ErrorCode.INVALID_ARG_TOPIC, topic)
+    if channel is None:
+        raise QueueError(ErrorCode.MISSING_ARG_CHANNEL)
+    if not is_valid_name(channel):
+        raise QueueError(ErrorCode.INVALID_ARG_CHANNEL, channel)
+    return topic, channel
+
+
 def path_segment(name: str) -> str:
     """The directory name of a topic or channel: '#' would start a URL fragment in object-store
     URLs, so it becomes '@', which no valid name contains."""

@@ -433,14 +433,16 @@ def test_channel_ops_validate_args(client: httpx.Client, op: str) -> None:
     path = f"/channel/{op}"
     assert_error(client.post(path, params={"channel": "c"}), 400, "MISSING_ARG_TOPIC")
     assert_error(
-        client.post(path, params={"topic": "bad name", "channel": "c"}), 400, "INVALID_TOPIC"
+        client.post(path, params={"topic": "bad name", "channel": "c"}), 400, "INVALID_ARG_TOPIC"
     )
     assert_error(client.post(path, params={"topic": "t"}), 400, "MISSING_ARG_CHANNEL")
     assert_error(
-        client.post(path, params={"topic": "t", "channel": "bad/c"}), 400, "INVALID_CHANNEL"
+        client.post(path, params={"topic": "t", "channel": "bad/c"}), 400, "INVALID_ARG_CHANNEL"
     )
     assert_error(
-        client.post(path, params={"topic": "t", "channel": "c" * 65}), 400, "INVALID_CHANNEL"
+        client.post(path, params={"topic": "t", "channel": "c" * 65}),
+        400,
+        "INVALID_ARG_CHANNEL",
     )
 
 

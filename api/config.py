@@ -1,0 +1,124 @@
+"""GET and PUT /config/<option>: nsqd's runtime options endpoint.
+
+GET answers the options deltaq has an equivalent for, named and encoded as nsqd does (its
+``cfg`` names; durations as Go's ``time.Duration``, integer nanoseconds). PUT changes what
+nsqd lets it change: ``log_level`` (it sets the API's logging level) and
+``nsqlookupd_tcp_addresses``, which deltaq keeps and reports but does not use: it does not
+register with nsqlookupd.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Request, Response
+
+from api.body import read_limited
+from api.responses import JSON_TYPE, NSQ_HEADER, error_body, error_doc, ok_json
+from api.state import broker_of
+from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.settings import Settings
+
+router = APIRouter(tags=["info"])
+
+_MS = 1_000_000  # ns per ms: nsqd's durations are encoded in nanoseconds
+
+# nsqd's log levels (its lg package) and the Python levels they set.
+LOG_LEVELS = {
+    "debug": (1, logging.DEBUG),
+    "info": (2, logging.INFO),
+    "warn": (3, logging.WARNING),
+    "error": (4, logging.ERROR),
+    "fatal": (5, logging.CRITICAL),
+}
+_NSQ_LEVEL = {python: nsq for nsq, python in LOG_LEVELS.values()}
+
+Option = Annotated[str, Path(description="An nsqd option name, e.g. max_msg_size, log_level")]
+
+
+def _options(settings: Settings) -> dict[str, Any]:
+    return {
+        "http_address": f"{settings.host}:{settings.port}",
+        "tcp_address": f"{settings.host}:{settings.tcp_port}",
+        "data_path": settings.warehouse,
+        "mem_queue_size": settings.mem_queue_size,
+        "max_msg_size": settings.max_msg_size_bytes,
+        "max_body_size": settings.max_body_size_bytes,
+        "max_rdy_count": settings.max_rdy_count,
+        "msg_timeout": settings.msg_timeout_ms * _MS,
+        "max_msg_timeout": settings.max_msg_timeout_ms * _MS,
+        "max_req_timeout": settings.max_req_timeout_ms * _MS,
+        "tls_cert": settings.tls_cert,
+        "tls_key": settings.tls_key,
+    }
+
+
+def _log_level() -> int:
+    level = logging.getLogger().getEffectiveLevel()
+    return _NSQ_LEVEL.get(level, 2)
+
+
+@router.get(
+    "/config/{option}",
+    summary="One of nsqd's options, as nsqd encodes it",
+    response_class=Response,
+    responses=error_doc(ErrorCode.INVALID_OPTION),
+)
+async def get_option(request: Request, option: Option) -> Response:
+    return ok_json(_value(request, option))
+
+
+@router.put(
+    "/config/{option}",
+    summary="Change log_level (debug, info, warn, error, fatal) or nsqlookupd_tcp_addresses",
+    response_class=Response,
+    responses={
+        **error_doc(ErrorCode.INVALID_OPTION, ErrorCode.INVALID_VALUE),
+        413: {"description": "INVALID_VALUE: empty or longer than max_msg_size"},
+    },
+)
+async def put_option(request: Request, option: Option) -> Response:
+    settings = broker_of(request).settings
+    try:
+        body = await read_limited(
+            request.receive, None, settings.max_msg_size_bytes, ErrorCode.INVALID_VALUE
+        )
+    except QueueError:
+        body = b""
+    if not body:
+        # nsqd: an empty or over-long value is 413 INVALID_VALUE (a bad one is 400).
+        return Response(
+            error_body(ErrorCode.INVALID_VALUE),
+            status_code=413,
+            media_type=JSON_TYPE,
+            headers=NSQ_HEADER,
+        )
+    if option == "log_level":
+        level = LOG_LEVELS.get(body.decode("utf-8", errors="replace").lower())
+        if level is None:
+            raise QueueError(ErrorCode.INVALID_VALUE, "log level")
+        logging.getLogger().setLevel(level[1])
+    elif option == "nsqlookupd_tcp_addresses":
+        try:
+            addresses = json.loads(body)
+        except ValueError as exc:
+            raise QueueError(ErrorCode.INVALID_VALUE, "not JSON") from exc
+        if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
+            raise QueueError(ErrorCode.INVALID_VALUE, "not a list of strings")
+        request.app.state.lookupd_addresses = addresses
+    else:
+        raise QueueError(ErrorCode.INVALID_OPTION, option)
+    return ok_json(_value(request, option))
+
+
+def _value(request: Request, option: str) -> Any:
+    if option == "log_level":
+        return _log_level()
+    if option == "nsqlookupd_tcp_addresses":
+        return getattr(request.app.state, "lookupd_addresses", [])
+    options = _options(broker_of(request).settings)
+    if option not in options:
+        raise QueueError(ErrorCode.INVALID_OPTION, option)
+    return options[option]
