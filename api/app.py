@@ -14,7 +14,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Match
 
-from api import admin, config, consume, info, publish
+from api import admin, config, consume, info, metrics, publish
 from api.fastpath import FastPath
 from api.responses import error, from_queue_error
 from api.tcp.server import TcpServer
@@ -44,6 +44,7 @@ def create_app(settings: Settings) -> FastAPI:
         await broker.start()
         app.state.broker = broker
         tcp = TcpServer(broker) if settings.tcp_port else None
+        app.state.tcp = tcp
         try:
             if tcp is not None:
                 await tcp.start()
@@ -84,6 +85,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(admin.router)
     app.include_router(info.router)
     app.include_router(config.router)
+    app.include_router(metrics.router)
 
     @app.exception_handler(QueueError)
     async def queue_error(_: Request, exc: QueueError) -> Response:

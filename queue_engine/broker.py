@@ -17,6 +17,7 @@ from queue_engine.channel import ChannelRuntime
 from queue_engine.channel_queue import Answer, Delivery
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.lease import EventKind
+from queue_engine.metrics import PUBLISH_SECONDS
 from queue_engine.names import path_segment
 from queue_engine.registry import Action, Registry, RegistryEvent, TopicInfo
 from queue_engine.settings import AckMode, Settings
@@ -117,6 +118,7 @@ class Broker:
         """
         if self._closing:
             raise QueueError(ErrorCode.EXITING)
+        started = time.perf_counter()
         writer = self._writers.get(topic) or await self._create_topic(topic)
         published_at_us = time.time_ns() // 1000
         deliver_at_us = published_at_us + defer_ms * 1000 if defer_ms else None
@@ -132,6 +134,7 @@ class Broker:
             raise QueueError(ErrorCode.EXITING, str(exc)) from exc
         if future is not None:
             await future
+        PUBLISH_SECONDS.labels(topic).observe(time.perf_counter() - started)
 
     def _committed(self, tokens: list[Any], error: BaseException | None) -> None:
         """Writer thread -> event loop: resolve the futures of one commit in one hop."""
@@ -432,6 +435,7 @@ class Broker:
             requeue_count=counts.requeue_count,
             timeout_count=counts.timeout_count,
             clients=tuple(counts.clients),
+            fanned_topic_version=runtime.fanned_topic_version,
         )
 
     # -- internals ------------------------------------------------------------------------

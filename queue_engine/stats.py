@@ -18,6 +18,8 @@ class ChannelStats:
     requeue_count: int = 0
     timeout_count: int = 0
     clients: tuple[ConsumerSeen, ...] = ()
+    # The newest topic version the fanout has put in the channel's table (-1: none yet).
+    fanned_topic_version: int = -1
 
     @property
     def client_count(self) -> int:

@@ -263,7 +263,7 @@ def sweep(
         results = _fold_with_spark(spark, plans, now, parallelism)
     for n, (p, rows) in enumerate(zip(plans, results, strict=True), 1):
         tell(f"sweep: committing channel {n} of {len(plans)}")
-        live, timeouts, finished = _commit_channel(p, rows, now)
+        live, timeouts, finished = _commit_channel(p, rows, now, started)
         report.channels_swept += 1
         report.live += live
         report.timeouts += timeouts
@@ -381,7 +381,9 @@ def _ledger_after(p: ChannelPlan) -> int:
     return p.meta.ledger_version if p.meta else -1
 
 
-def _commit_channel(p: ChannelPlan, rows: pa.Table, now: int) -> tuple[int, int, int]:
+def _commit_channel(
+    p: ChannelPlan, rows: pa.Table, now: int, started: float
+) -> tuple[int, int, int]:
     """Write one channel's TIMEOUTs, then its state. Returns (live, timeouts, finished)."""
     timed_out = rows.filter(rows["swept_timeout"])
     ledger_version = p.ledger_version
@@ -425,6 +427,7 @@ def _commit_channel(p: ChannelPlan, rows: pa.Table, now: int) -> tuple[int, int,
         + int(pc.sum(done["timeouts"]).as_py() or 0),
         next_due_us=_next_due(live),
         swept_at_us=now,
+        sweep_seconds=time.perf_counter() - started,
     )
     write_state(p.state_path, live, meta)
     return live.num_rows, timed_out.num_rows, done.num_rows

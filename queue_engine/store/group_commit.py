@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
+from prometheus_client import Histogram
 
 from queue_engine.store.append import Appender, append_or_fall_back, appender_for
 
@@ -53,8 +54,11 @@ class GroupCommitter(ABC, Generic[T]):
         commit_max_bytes: int,
         fast_appends: bool = True,
         name: str = "",
+        histogram: Histogram | None = None,
     ) -> None:
         self.path = path
+        # Where each commit's duration is observed (/metrics), if anywhere.
+        self._histogram = histogram
         self._notify = notify
         self._commit_max_bytes = commit_max_bytes
         self._appender: Appender = appender_for(path, allow_fast=fast_appends)
@@ -134,7 +138,10 @@ class GroupCommitter(ABC, Generic[T]):
             except BaseException as exc:  # reported to every submitter of the batch
                 log.exception("commit to %s failed (%d submissions)", self.path, len(batch))
                 error = exc
-            self.commit_seconds.append(time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            self.commit_seconds.append(elapsed)
+            if self._histogram is not None:
+                self._histogram.observe(elapsed)
             self._notify([s.token for s in batch], error)
 
     def _take_batch(self) -> list[_Submission[T]]:

@@ -10,6 +10,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from queue_engine.lease import EventKind, LeaseEvent
+from queue_engine.metrics import ledger_histogram
 from queue_engine.store.commit_log import added_files, commit_file, latest_version
 from queue_engine.store.group_commit import GroupCommitter, Notify
 from queue_engine.store.state import SWEEP_WRITER, WRITER_KEY
@@ -142,7 +143,13 @@ class LedgerWriter(GroupCommitter[list[LeaseEvent]]):
     def __init__(self, path: str, notify: Notify, *, name: str = "") -> None:
         open_or_create(path, LEDGER_SCHEMA)
         self.own = OwnVersions()
-        super().__init__(path, notify, commit_max_bytes=64 * 1024 * 1024, name=name)
+        super().__init__(
+            path,
+            notify,
+            commit_max_bytes=64 * 1024 * 1024,
+            name=name,
+            histogram=ledger_histogram(name) if name else None,
+        )
         self._start()
 
     def submit_events(self, events: list[LeaseEvent], token: object) -> None:

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.lease import LeaseEvent
+from queue_engine.metrics import ledger_histogram
 from queue_engine.store.append import (
     Appender,
     LocalAppender,
@@ -47,6 +49,7 @@ class LoopLedgerWriter:
         # Set by the maintenance thread after a checkpoint; read before the next commit.
         self._reopen_requested = False
         self.own = OwnVersions()
+        self._histogram = ledger_histogram(name) if name else None
 
     def submit_events(self, events: list[LeaseEvent], future: asyncio.Future[None]) -> None:
         """Queue ``events`` for this iteration's commit; ``future`` resolves when it landed."""
@@ -81,9 +84,12 @@ class LoopLedgerWriter:
             if self._reopen_requested:
                 self._reopen_requested = False
                 self._appender.reopen()
+            started = time.perf_counter()
             table = events_to_arrow([event for events, _ in batch for event in events])
             self._appender, version = append_or_fall_back(self._appender, self.path, table)
             self.own.add(version)
+            if self._histogram is not None:
+                self._histogram.observe(time.perf_counter() - started)
         except Exception as exc:  # reported to every request of the batch
             log.exception("commit to %s failed (%d requests)", self.name, len(batch))
             error = QueueError(ErrorCode.E_COMMIT_FAILED, str(exc))

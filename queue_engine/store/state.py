@@ -83,6 +83,8 @@ class StateMeta:
     swept_at_us: int
     # The state table's own version holding these rows.
     state_version: int = -1
+    # How long the sweep run had been going when it wrote these rows (s).
+    sweep_seconds: float = 0.0
 
     def to_commit_info(self) -> dict[str, str]:
         return {
@@ -93,6 +95,7 @@ class StateMeta:
             f"{_META_PREFIX}finished_timeouts": str(self.finished_timeouts),
             f"{_META_PREFIX}next_due_us": "" if self.next_due_us is None else str(self.next_due_us),
             f"{_META_PREFIX}swept_at_us": str(self.swept_at_us),
+            f"{_META_PREFIX}sweep_seconds": f"{self.sweep_seconds:.3f}",
         }
 
     @classmethod
@@ -114,6 +117,7 @@ class StateMeta:
             next_due_us=int(due) if due else None,
             swept_at_us=int(get("swept_at_us") or 0),
             state_version=state_version,
+            sweep_seconds=float(get("sweep_seconds") or 0.0),
         )
 
 

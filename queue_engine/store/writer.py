@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from queue_engine.message import IdAllocator, id_from_hex
+from queue_engine.metrics import TOPIC_COMMIT_SECONDS
 from queue_engine.store.commit_log import messages_added
 from queue_engine.store.group_commit import GroupCommitter, Notify, WriterClosedError
 from queue_engine.store.ids import hex_id_array
@@ -62,7 +63,12 @@ class TopicWriter(GroupCommitter[_Publish]):
         dt = open_or_create(path, TOPIC_SCHEMA)
         floor, count = _scan(dt)
         super().__init__(
-            path, notify, commit_max_bytes=commit_max_bytes, fast_appends=fast_appends, name=name
+            path,
+            notify,
+            commit_max_bytes=commit_max_bytes,
+            fast_appends=fast_appends,
+            name=name,
+            histogram=TOPIC_COMMIT_SECONDS.labels(name) if name else None,
         )
         self._ids = IdAllocator(floor)
         self._version = dt.version()

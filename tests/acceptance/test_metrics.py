@@ -1,0 +1,75 @@
+"""GET /metrics: Prometheus' text format with the figures of /stats, latency histograms, the
+fanout's lag and the sweep's last run, parsed by prometheus-client's own parser."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from pyspark.sql import SparkSession
+
+from queue_engine.spark.sweep import sweep
+from queue_engine.store.tables import Warehouse
+from tests.conftest import Server
+from tests.consumers import create_channel, sub
+
+
+@pytest.fixture(scope="module")
+def server(warehouse: Path, fanout: None) -> Iterator[Server]:
+    s = Server(warehouse).start()
+    yield s
+    s.stop()
+
+
+def scrape(http: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    r = http.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain; version=")
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(r.text)
+        for sample in family.samples
+    }
+
+
+def test_metrics_follow_the_queue(
+    http: httpx.Client, spark: SparkSession, warehouse: Path, server: Server
+) -> None:
+    create_channel(http, "m", "c")
+    for i in range(5):
+        assert http.post("/pub", params={"topic": "m"}, content=f"m{i}".encode()).text == "OK"
+    leased: list[dict[str, object]] = []
+    deadline = time.monotonic() + 60
+    while not leased and time.monotonic() < deadline:
+        leased = sub(http, "m", "c", max=2, wait_ms=1000)
+    assert len(leased) == 2
+    sweep(spark, Warehouse(str(warehouse)), force=True)
+
+    samples = scrape(http)
+    topic = (("topic", "m"),)
+    channel = (("channel", "c"), ("topic", "m"))
+    assert samples[("deltaq_topic_messages_total", topic)] == 5
+    assert samples[("deltaq_topic_depth", topic)] == 0
+    assert samples[("deltaq_topic_delta_version", topic)] >= 1
+    assert samples[("deltaq_channel_in_flight", channel)] == 2
+    assert samples[("deltaq_channel_depth", channel)] == 3
+    assert samples[("deltaq_channel_messages_total", channel)] == 5
+    assert samples[("deltaq_channel_paused", channel)] == 0
+    # All five publishes are in a version the fanout has put in the channel.
+    assert samples[("deltaq_channel_fanout_lag_versions", channel)] == 0
+    swept_at = samples[("deltaq_channel_last_sweep_timestamp_seconds", channel)]
+    assert time.time() - 120 < swept_at <= time.time()
+    assert samples[("deltaq_channel_sweep_duration_seconds", channel)] > 0
+    # One observation per publish; at least one ledger commit (the DELIVERs).
+    assert samples[("deltaq_publish_duration_seconds_count", topic)] == 5
+    assert samples[("deltaq_topic_commit_duration_seconds_count", topic)] >= 1
+    assert samples[("deltaq_ledger_commit_duration_seconds_count", channel)] >= 1
+    assert samples[("process_resident_memory_bytes", ())] > 10 * 2**20
+    assert samples[("deltaq_build_info", (("nsqd_version", "1.3.0"), ("version", "0.1.0")))] == 1
+
+    assert http.post("/channel/pause", params={"topic": "m", "channel": "c"}).is_success
+    assert scrape(http)[("deltaq_channel_paused", channel)] == 1
