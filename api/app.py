@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Match
 
 from api import admin, config, consume, info, metrics, publish
+from api.auth import Authenticator, AuthGate
 from api.fastpath import FastPath
 from api.responses import error, from_queue_error
 from api.tcp.server import TcpServer
@@ -43,7 +44,7 @@ def create_app(settings: Settings) -> FastAPI:
         broker = Broker(settings)
         await broker.start()
         app.state.broker = broker
-        tcp = TcpServer(broker) if settings.tcp_port else None
+        tcp = TcpServer(broker, app.state.authenticator) if settings.tcp_port else None
         app.state.tcp = tcp
         try:
             if tcp is not None:
@@ -64,6 +65,9 @@ def create_app(settings: Settings) -> FastAPI:
         docs_url=None,
         redoc_url=None,
     )
+    # Built here, not in the lifespan: the tokens file is read (and a bad one refused) before
+    # the server starts listening.
+    app.state.authenticator = Authenticator(settings)
     app.mount(
         SWAGGER_ASSETS,
         StaticFiles(directory=str(swagger_ui_bundle.swagger_ui_path)),
@@ -127,6 +131,9 @@ def nsqd_allow(methods: set[str]) -> str:
     return ", ".join(sorted((methods - {"HEAD"}) | {"OPTIONS"}))
 
 
-def with_fast_path(app: FastAPI, settings: Settings) -> FastAPI | FastPath:
-    """What uvicorn serves: the app, behind the hot-path front door unless it is turned off."""
-    return FastPath(app) if settings.http_fast_path else app
+def with_fast_path(app: FastAPI, settings: Settings) -> FastAPI | FastPath | AuthGate:
+    """What uvicorn serves: the app, behind the hot-path front door unless it is turned off,
+    behind the authentication gate when authentication is set up."""
+    served: FastAPI | FastPath = FastPath(app) if settings.http_fast_path else app
+    authenticator: Authenticator = app.state.authenticator
+    return AuthGate(served, authenticator) if authenticator.enabled else served

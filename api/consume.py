@@ -98,14 +98,21 @@ async def subscribe(broker: Broker, params: Mapping[str, str], peer: str) -> byt
         raise QueueError(
             ErrorCode.E_INVALID, f"longer than {MAX_CONSUMER_CHARS} characters", param="consumer"
         )
-    deliveries = await broker.subscribe(
-        topic_name,
-        channel_name,
-        limit=limit,
-        wait_s=wait / 1000,
-        lease_us=lease_ms * 1000,
-        consumer=name,
-    )
+    cap = settings.max_sub_waiters
+    if wait and cap and broker.sub_waiters >= cap:
+        raise QueueError(ErrorCode.E_TOO_MANY_WAITERS, f"{cap} waiting (max_sub_waiters)")
+    broker.sub_waiters += 1
+    try:
+        deliveries = await broker.subscribe(
+            topic_name,
+            channel_name,
+            limit=limit,
+            wait_s=wait / 1000,
+            lease_us=lease_ms * 1000,
+            consumer=name,
+        )
+    finally:
+        broker.sub_waiters -= 1
     return orjson.dumps({"messages": [_message(d) for d in deliveries]})
 
 

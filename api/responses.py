@@ -39,6 +39,13 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.E_FIN_FAILED: 409,
     ErrorCode.E_REQ_FAILED: 409,
     ErrorCode.E_TOUCH_FAILED: 409,
+    # A cap of the settings: the request can never succeed as it is (raise the cap).
+    ErrorCode.E_TOO_MANY_TOPICS: 403,
+    ErrorCode.E_TOO_MANY_CHANNELS: 403,
+    # Too many consumers waiting at once: retry later.
+    ErrorCode.E_TOO_MANY_WAITERS: 503,
+    ErrorCode.E_AUTH_FAILED: 401,
+    ErrorCode.E_UNAUTHORIZED: 403,
     ErrorCode.INTERNAL_ERROR: 500,
     ErrorCode.E_COMMIT_FAILED: 503,
     ErrorCode.EXITING: 503,

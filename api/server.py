@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 import sys
@@ -27,6 +28,13 @@ def serve(settings: Settings, on_started: Callable[[], None] | None = None) -> N
     ``on_started`` is called once the server listens."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     app = create_app(settings)
+    tls = bool(settings.tls_cert and settings.tls_key)
+    if not app.state.authenticator.enabled and not is_loopback(settings.host):
+        message = (
+            f"listening on {settings.host} without authentication: anyone who reaches it can "
+            "publish, consume and delete (set auth_tokens_file or auth_http_address)"
+        )
+        log.warning(message)
     config = uvicorn.Config(
         with_fast_path(app, settings),
         host=settings.host,
@@ -37,11 +45,27 @@ def serve(settings: Settings, on_started: Callable[[], None] | None = None) -> N
         log_level="info",
         # Long-polling consumers and bursty producers keep connections; so do we.
         timeout_keep_alive=75,
+        ssl_certfile=settings.tls_cert if tls else None,
+        ssl_keyfile=settings.tls_key if tls else None,
     )
     log.info(
-        "deltaq API on http://%s:%d, warehouse %s", settings.host, settings.port, settings.warehouse
+        "deltaq API on %s://%s:%d, warehouse %s",
+        "https" if tls else "http",
+        settings.host,
+        settings.port,
+        settings.warehouse,
     )
     _Server(config, app.state, on_started).run()
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) only listens on this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class _Server(uvicorn.Server):

@@ -35,8 +35,16 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="port of nsqd's TCP protocol for NSQ's clients (default 4150, nsqd's; 0: off)",
     )
-    parser.add_argument("--tls-cert", help="PEM certificate: TCP clients may upgrade to TLS")
+    parser.add_argument(
+        "--tls-cert", help="PEM certificate: HTTPS, and TCP clients may upgrade to TLS"
+    )
     parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    parser.add_argument(
+        "--auth-tokens-file", help="bearer tokens with roles, hashed (made by deltaq token)"
+    )
+    parser.add_argument(
+        "--auth-http-address", help="nsqd's auth server (host:port, or a URL), as nsqd's flag"
+    )
     parser.add_argument(
         "--ack",
         choices=["commit", "buffer"],
@@ -60,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=short, description=text)
         add_settings_arguments(command)
         _server_arguments(command)
+    from deltaq import token
+
+    command = sub.add_parser("token", help=token.HELP, description=token.__doc__)
+    token.add_arguments(command)
     for name, module in _jobs().items():
         command = sub.add_parser(
             name,
@@ -75,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     jobs = _jobs()
+    if args.command == "token":
+        from deltaq import token
+
+        return run_reporting_errors("token", lambda: token.run(args))
     if args.command in jobs:
         module = jobs[args.command]
         if args.command == "sql":
@@ -92,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             tcp_port=args.tcp_port,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
+            auth_tokens_file=args.auth_tokens_file,
+            auth_http_address=args.auth_http_address,
             ack=args.ack,
         )
 

@@ -84,7 +84,8 @@ def _announce_ready(
         log.error("the jobs process (pid %d) stopped before it was ready", child_pid)
         return
     api_started.wait()
-    url = f"http://{settings.host}:{settings.port}"
+    scheme = "https" if settings.tls_cert and settings.tls_key else "http"
+    url = f"{scheme}://{settings.host}:{settings.port}"
     sql = (
         f"; deltaq sql on sc://127.0.0.1:{settings.spark_connect_port}"
         if settings.spark_connect_port

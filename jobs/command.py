@@ -101,9 +101,10 @@ def run_reporting_errors(command: str, run: Callable[[], int]) -> int:
 def _user_facing(exc: BaseException) -> bool:
     from pydantic import ValidationError
 
+    from queue_engine.auth import AuthConfigError
     from queue_engine.errors import QueueError
 
-    if isinstance(exc, CommandError | QueueError | ValidationError | OSError):
+    if isinstance(exc, CommandError | QueueError | ValidationError | OSError | AuthConfigError):
         return True
     # Spark's errors (AnalysisException, ParseException, ...) carry a readable first line;
     # pyspark is imported only by the jobs that use it.

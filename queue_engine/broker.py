@@ -44,6 +44,8 @@ class Broker:
         self._registry_store: RegistryStore | None = None
         self.registry = Registry()
         self._writers: dict[str, TopicWriter] = {}
+        # HTTP /sub requests in progress (the API caps them: max_sub_waiters).
+        self.sub_waiters = 0
         self._channels: dict[tuple[str, str], ChannelRuntime] = {}
         self._pump: asyncio.Task[None] | None = None
         self._admin = asyncio.Lock()
@@ -160,6 +162,9 @@ class Broker:
             if writer is not None:
                 return writer
             if name not in self.registry.topics:
+                cap = self.settings.max_topics
+                if cap and len(self.registry.topics) >= cap:
+                    raise QueueError(ErrorCode.E_TOO_MANY_TOPICS, f"{cap} topics (max_topics)")
                 await self._record(Action.TOPIC_CREATE, name)
             return await asyncio.to_thread(self._open_writer, name)
 
@@ -206,6 +211,11 @@ class Broker:
             info = self.registry.existing_topic(topic)
             if channel in info.channels:
                 return
+            cap = self.settings.max_channels_per_topic
+            if cap and len(info.channels) >= cap:
+                raise QueueError(
+                    ErrorCode.E_TOO_MANY_CHANNELS, f"{cap} channels (max_channels_per_topic)"
+                )
             await self._record_at_topic_version(Action.CHANNEL_CREATE, info, channel)
             await self._open_channel(topic, channel)
 

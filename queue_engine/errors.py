@@ -38,6 +38,14 @@ class ErrorCode(StrEnum):
     E_FIN_FAILED = "E_FIN_FAILED"
     E_REQ_FAILED = "E_REQ_FAILED"
     E_TOUCH_FAILED = "E_TOUCH_FAILED"
+    # deltaq's caps (settings max_topics, max_channels_per_topic, max_sub_waiters,
+    # max_tcp_connections).
+    E_TOO_MANY_TOPICS = "E_TOO_MANY_TOPICS"
+    E_TOO_MANY_CHANNELS = "E_TOO_MANY_CHANNELS"
+    E_TOO_MANY_WAITERS = "E_TOO_MANY_WAITERS"
+    # Authentication (api/auth.py): no valid credentials; valid but not allowed.
+    E_AUTH_FAILED = "E_AUTH_FAILED"
+    E_UNAUTHORIZED = "E_UNAUTHORIZED"
     # deltaq: the Delta commit carrying the message failed; nothing of it was committed.
     E_COMMIT_FAILED = "E_COMMIT_FAILED"
 

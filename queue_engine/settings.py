@@ -44,10 +44,21 @@ class Settings(BaseSettings):
     port: int = 4151
     # nsqd's TCP protocol (V2), for NSQ's own clients; 0 turns it off.
     tcp_port: int = 4150
-    # A certificate and key (PEM files): TCP clients may then upgrade with IDENTIFY's tls_v1.
-    # Empty: no TLS.
+    # A certificate and key (PEM files): the HTTP port serves HTTPS, and TCP clients may
+    # upgrade with IDENTIFY's tls_v1. Empty: no TLS.
     tls_cert: str = ""
     tls_key: str = ""
+    # Authentication (queue_engine/auth.py): a tokens file (hashed bearer tokens with roles),
+    # and/or nsqd's auth server (host:port, or a URL). Both empty: no authentication.
+    auth_tokens_file: str = ""
+    auth_http_address: str = ""
+    # Caps that keep one client from hurting the others (0: no cap).
+    max_topics: int = 10_000
+    max_channels_per_topic: int = 1_000
+    # Long-polling /sub requests waiting at once (each holds a connection), and open TCP
+    # connections.
+    max_sub_waiters: int = 10_000
+    max_tcp_connections: int = 10_000
     # Serve /pub and /mpub with a plain ASGI handler instead of FastAPI's routing (same answers,
     # about twice the requests per second). Off only to compare or to debug.
     http_fast_path: bool = True

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import ssl
@@ -23,10 +24,12 @@ from collections.abc import Awaitable, Callable
 from enum import Enum
 from functools import partial
 
+from api.auth import Authenticator, AuthUnavailable
 from api.tcp import frames
 from api.tcp.frames import ClientError, FatalClientError
 from api.tcp.identify import ClientOptions, identify
 from api.tcp.transport import Closed, Transport
+from queue_engine.auth import Identity, Role
 from queue_engine.broker import Broker
 from queue_engine.channel import ChannelRuntime
 from queue_engine.channel_queue import Answer, Delivery, SettleError
@@ -94,12 +97,16 @@ class Connection:
         *,
         tls_context: ssl.SSLContext | None,
         on_closed: Callable[[Connection], None],
+        authenticator: Authenticator | None = None,
     ) -> None:
         self.broker = broker
         self.settings = broker.settings
         self.transport = transport
         self.tls_context = tls_context
         self._on_closed = on_closed
+        self.authenticator = authenticator if authenticator and authenticator.enabled else None
+        self.identity: Identity | None = None
+        self._secret = ""
         self.options = ClientOptions(msg_timeout_ms=self.settings.msg_timeout_ms)
         self.state = State.INIT
         self.name = transport.peer
@@ -343,7 +350,11 @@ class Connection:
             "IDENTIFY", "E_BAD_BODY", "body", self.settings.max_body_size_bytes
         )
         negotiated = identify(
-            self.options, body, self.settings, tls_available=self.tls_context is not None
+            self.options,
+            body,
+            self.settings,
+            tls_available=self.tls_context is not None,
+            auth_required=self.authenticator is not None,
         )
         self._set_timeouts()
         if self.options.client_id:
@@ -379,10 +390,60 @@ class Connection:
             raise FatalClientError("E_INVALID", "cannot AUTH in current state")
         if len(params) != 1:
             raise FatalClientError("E_INVALID", "AUTH invalid number of parameters")
-        await self._read_body("AUTH", "E_BAD_BODY", "body", self.settings.max_body_size_bytes)
-        # deltaq has no authentication to check a secret against, as nsqd without
-        # --auth-http-address.
-        raise FatalClientError("E_AUTH_DISABLED", "AUTH disabled")
+        secret = await self._read_body(
+            "AUTH", "E_BAD_BODY", "body", self.settings.max_body_size_bytes
+        )
+        if self.identity is not None:
+            raise FatalClientError("E_INVALID", "AUTH already set")
+        if self.authenticator is None:
+            # No tokens file and no auth server: as nsqd without --auth-http-address.
+            raise FatalClientError("E_AUTH_DISABLED", "AUTH disabled")
+        self._secret = secret.decode("utf-8", errors="replace")
+        identity = await self._identify_secret()
+        if identity is None:
+            raise FatalClientError("E_AUTH_FAILED", "AUTH failed")
+        if not identity.grants:
+            raise FatalClientError("E_UNAUTHORIZED", "AUTH no authorizations found")
+        self.identity = identity
+        return json.dumps(
+            {
+                "identity": identity.name,
+                "identity_url": identity.url,
+                "permission_count": len(identity.grants),
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    async def _identify_secret(self) -> Identity | None:
+        assert self.authenticator is not None
+        try:
+            return await self.authenticator.identify(
+                self._secret, self.transport.peer_ip, self.transport.tls
+            )
+        except AuthUnavailable as exc:
+            # As nsqd: the client is not told why.
+            log.warning("%s: AUTH failed: %s", self.name, exc)
+            raise FatalClientError("E_AUTH_FAILED", "AUTH failed") from exc
+
+    async def _check_auth(self, command: str, topic: str, channel: str | None) -> None:
+        """nsqd's CheckAuth: with authentication on, AUTH first, then the grant for this
+        topic (and channel); an identity whose TTL ran out is asked for again."""
+        if self.authenticator is None:
+            return
+        if self.identity is None:
+            raise FatalClientError("E_AUTH_FIRST", f"AUTH required before {command}")
+        if self.identity.expired:
+            identity = await self._identify_secret()
+            if identity is None:
+                raise FatalClientError("E_AUTH_FAILED", "AUTH failed")
+            self.identity = identity
+        role = Role.PUBLISH if channel is None else Role.CONSUME
+        if not self.identity.allows(role, topic, channel):
+            raise FatalClientError(
+                "E_UNAUTHORIZED",
+                f"AUTH failed for {command} on {go_quote(topic.encode())} "
+                f"{go_quote((channel or '').encode())}",
+            )
 
     async def _sub(self, params: list[bytes]) -> bytes | None:
         if self.state is not State.INIT:
@@ -400,6 +461,7 @@ class Connection:
             raise FatalClientError(
                 "E_BAD_CHANNEL", f"SUB channel name {go_quote(params[2])} is not valid"
             )
+        await self._check_auth("SUB", topic, channel)
         try:
             runtime = await self.broker.open_channel(topic, channel)
         except QueueError as exc:
@@ -596,6 +658,7 @@ class Connection:
         body = await self._read_body(
             "PUB", "E_BAD_MESSAGE", "message body", self.settings.max_msg_size_bytes
         )
+        await self._check_auth("PUB", topic, None)
         return await self._publish("PUB", topic, [body])
 
     async def _dpub(self, params: list[bytes]) -> bytes | None:
@@ -613,6 +676,7 @@ class Connection:
         body = await self._read_body(
             "DPUB", "E_BAD_MESSAGE", "message body", self.settings.max_msg_size_bytes
         )
+        await self._check_auth("DPUB", topic, None)
         return await self._publish("DPUB", topic, [body], timeout_ms or None)
 
     async def _mpub(self, params: list[bytes]) -> bytes | None:
@@ -620,6 +684,7 @@ class Connection:
             raise FatalClientError("E_INVALID", "MPUB insufficient number of parameters")
         # nsqd's MPUB error repeats its code in the text.
         topic = self._topic("MPUB", params[1], prefix="E_BAD_TOPIC ")
+        await self._check_auth("MPUB", topic, None)
         # nsqd creates the topic before it reads the body.
         try:
             await self.broker.create_topic(topic)

@@ -99,6 +99,7 @@ def identify(
     settings: Settings,
     *,
     tls_available: bool,
+    auth_required: bool = False,
 ) -> Negotiated:
     """Apply an IDENTIFY body to ``options``; FatalClientError as nsqd refuses it."""
     fields = _decode(body)
@@ -134,7 +135,7 @@ def identify(
         "max_deflate_level": MAX_DEFLATE_LEVEL,
         "snappy": snappy,
         "sample_rate": options.sample_rate,
-        "auth_required": False,
+        "auth_required": auth_required,
         "output_buffer_size": options.output_buffer_size,
         "output_buffer_timeout": options.output_buffer_timeout_ms,
     }

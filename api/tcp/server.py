@@ -4,10 +4,13 @@ consumers share each channel's queue and ledger)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from pathlib import Path
 
+from api.auth import Authenticator
+from api.tcp import frames
 from api.tcp.connection import Connection
 from api.tcp.transport import Transport
 from queue_engine.broker import Broker
@@ -35,8 +38,9 @@ def tls_context(settings: Settings) -> ssl.SSLContext | None:
 class TcpServer:
     """nsqd's TCP protocol on ``settings.host``:``settings.tcp_port``."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, authenticator: Authenticator | None = None) -> None:
         self.broker = broker
+        self.authenticator = authenticator
         self.settings = broker.settings
         self.connections: set[Connection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -67,11 +71,20 @@ class TcpServer:
         )
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        cap = self.settings.max_tcp_connections
+        if cap and len(self.connections) >= cap:
+            log.warning("refused a connection: %d open (max_tcp_connections)", cap)
+            writer.write(frames.error(b"E_TOO_MANY_CONNECTIONS max_tcp_connections reached"))
+            with contextlib.suppress(OSError):
+                await writer.drain()
+            writer.close()
+            return
         connection = Connection(
             self.broker,
             Transport(reader, writer),
             tls_context=self._tls,
             on_closed=self.connections.discard,
+            authenticator=self.authenticator,
         )
         self.connections.add(connection)
         task = asyncio.current_task()

@@ -46,6 +46,15 @@ class Transport:
         address = self._writer.get_extra_info("peername")
         return f"{address[0]}:{address[1]}" if address else "unknown"
 
+    @property
+    def peer_ip(self) -> str:
+        address = self._writer.get_extra_info("peername")
+        return str(address[0]) if address else ""
+
+    @property
+    def tls(self) -> bool:
+        return self._writer.get_extra_info("ssl_object") is not None
+
     # -- reading ------------------------------------------------------------------------------
 
     def start_command(self) -> None:
