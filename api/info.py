@@ -38,7 +38,7 @@ async def info(request: Request) -> Response:
         {
             "version": NSQD_VERSION,
             "deltaq_version": __version__,
-            "broadcast_address": socket.gethostname(),
+            "broadcast_address": broker.settings.broadcast_address or socket.gethostname(),
             "hostname": socket.gethostname(),
             "http_port": broker.settings.port,
             # 0 when the TCP protocol is turned off.

@@ -42,6 +42,8 @@ class Settings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = 4151
+    # The address /info gives other tools (nsqadmin calls the API there); "": the hostname.
+    broadcast_address: str = ""
     # nsqd's TCP protocol (V2), for NSQ's own clients; 0 turns it off.
     tcp_port: int = 4150
     # A certificate and key (PEM files): the HTTP port serves HTTPS, and TCP clients may
