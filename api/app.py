@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -14,7 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Match
 
-from api import admin, config, consume, info, metrics, publish
+from api import admin, config, console, consume, info, metrics, publish
 from api.auth import Authenticator, AuthGate
 from api.fastpath import FastPath
 from api.responses import error, from_queue_error
@@ -22,6 +23,7 @@ from api.tcp.server import TcpServer
 from queue_engine import __version__
 from queue_engine.broker import Broker
 from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.history import History
 from queue_engine.settings import Settings
 
 DESCRIPTION = """\
@@ -44,6 +46,9 @@ def create_app(settings: Settings) -> FastAPI:
         broker = Broker(settings)
         await broker.start()
         app.state.broker = broker
+        sampler = asyncio.get_running_loop().create_task(
+            console.sample_forever(broker, app.state.history)
+        )
         tcp = TcpServer(broker, app.state.authenticator) if settings.tcp_port else None
         app.state.tcp = tcp
         try:
@@ -51,6 +56,7 @@ def create_app(settings: Settings) -> FastAPI:
                 await tcp.start()
             yield
         finally:
+            sampler.cancel()
             if tcp is not None:
                 await tcp.close()
             await broker.close()
@@ -68,6 +74,7 @@ def create_app(settings: Settings) -> FastAPI:
     # Built here, not in the lifespan: the tokens file is read (and a bad one refused) before
     # the server starts listening.
     app.state.authenticator = Authenticator(settings)
+    app.state.history = History()
     app.mount(
         SWAGGER_ASSETS,
         StaticFiles(directory=str(swagger_ui_bundle.swagger_ui_path)),
@@ -90,6 +97,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(info.router)
     app.include_router(config.router)
     app.include_router(metrics.router)
+    console.mount(app)
 
     @app.exception_handler(QueueError)
     async def queue_error(_: Request, exc: QueueError) -> Response:

@@ -96,8 +96,9 @@ class Authenticator:
             raise AuthUnavailable(f"auth server {self.server}: {exc}") from exc
 
 
-# Paths anyone may reach: liveness and the API's own description.
-_OPEN = ("/ping", "/docs", "/openapi.json", "/_static/")
+# Paths anyone may reach: liveness, the API's own description, the console's page and assets
+# (what the console shows comes from /console/api, which needs a token).
+_OPEN = ("/ping", "/docs", "/openapi.json", "/_static/", "/console/static/")
 _CONSUME = {"/sub", "/fin", "/req", "/touch"}
 
 
@@ -137,7 +138,8 @@ class AuthGate:
         self.authenticator = authenticator
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"].startswith(_OPEN) or scope["path"] == "/":
+        path = scope["path"]
+        if scope["type"] != "http" or path.startswith(_OPEN) or path in ("/", "/console"):
             await self.app(scope, receive, send)
             return
         refusal = await self._check(scope)

@@ -93,7 +93,9 @@ def _announce_ready(
     )
     tcp = f"; NSQ clients on {settings.host}:{settings.tcp_port}" if settings.tcp_port else ""
     log.info(
-        "deltaq ready: %s (API docs %s/docs)%s; fanout + sweep every %.0f s%s; warehouse %s",
+        "deltaq ready: %s (console %s/console, API docs %s/docs)%s; fanout + sweep every %.0f s"
+        "%s; warehouse %s",
+        url,
         url,
         url,
         tcp,

@@ -291,6 +291,14 @@ class Broker:
             runtime = self._channels[(topic, channel)]
         return runtime
 
+    def channel(self, topic: str, channel: str) -> ChannelRuntime:
+        """The live channel (CHANNEL_NOT_FOUND if it does not exist); nothing is created."""
+        self.registry.existing_channel(topic, channel)
+        runtime = self._channels.get((topic, channel))
+        if runtime is None:
+            raise QueueError(ErrorCode.CHANNEL_NOT_FOUND, f"{topic}/{channel}")
+        return runtime
+
     @property
     def closing(self) -> bool:
         return self._closing
@@ -446,6 +454,9 @@ class Broker:
             timeout_count=counts.timeout_count,
             clients=tuple(counts.clients),
             fanned_topic_version=runtime.fanned_topic_version,
+            finish_count=counts.finish_count,
+            table_version=counts.table_version,
+            ledger_version=counts.ledger_version,
         )
 
     # -- internals ------------------------------------------------------------------------

@@ -78,6 +78,9 @@ class ChannelCounts:
     requeue_count: int
     timeout_count: int
     clients: list[ConsumerSeen]
+    finish_count: int = 0
+    table_version: int = -1
+    ledger_version: int = -1
 
     @property
     def client_count(self) -> int:
@@ -388,7 +391,14 @@ class ChannelRuntime:
             requeue_count=self.queue.requeue_count,
             timeout_count=self.queue.timeout_count,
             clients=sorted(self._clients.values(), key=lambda c: c.name),
+            finish_count=self.queue.finish_count,
+            table_version=self._reader.version,
+            ledger_version=self._writer.version if self._writer is not None else -1,
         )
+
+    def peek(self, limit: int) -> list[tuple[str, int, bytes]]:
+        """The next ready messages, in the order SUB would lease them (nothing is leased)."""
+        return self.queue.peek(limit, now_us())
 
     # -- internals --------------------------------------------------------------------------
 

@@ -90,6 +90,8 @@ class ChannelQueue:
         self.body_wanted: set[str] = set()
         self.requeue_count = 0
         self.timeout_count = 0
+        # FINs since this queue was built (a rate for the console, not a total).
+        self.finish_count = 0
 
     # -- what the queue holds --------------------------------------------------------------
 
@@ -270,6 +272,8 @@ class ChannelQueue:
             self._set(message_id, after, now_us)
         if kind is EventKind.REQ:
             self.requeue_count += len(events)
+        elif kind is EventKind.FIN:
+            self.finish_count += len(events)
         return events
 
     @staticmethod
@@ -317,6 +321,29 @@ class ChannelQueue:
             if event.kind is EventKind.TIMEOUT:
                 self.timeout_count += 1
         return changed
+
+    def peek(self, limit: int, now_us: int) -> list[tuple[str, int, bytes]]:
+        """The next ``limit`` messages a SUB would get, without leasing them: (id, attempts,
+        body), in delivery order. Messages whose bodies are not loaded yet are left out."""
+        self.promote(now_us)
+        found: list[tuple[str, int, bytes]] = []
+        seen: set[str] = set()
+        for message_id in self._ready:
+            if len(found) >= limit:
+                break
+            state = self.states.get(message_id)
+            if (
+                state is None
+                or message_id in seen
+                or message_id in self.in_flight
+                or message_id in self.deferred
+            ):
+                continue
+            seen.add(message_id)
+            body = self._bodies.get(message_id)
+            if body is not None:
+                found.append((message_id, state.attempts, body[0]))
+        return found
 
     def promote(self, now_us: int) -> None:
         """Deferred messages whose time has come join the ready FIFO."""

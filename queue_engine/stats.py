@@ -20,6 +20,10 @@ class ChannelStats:
     clients: tuple[ConsumerSeen, ...] = ()
     # The newest topic version the fanout has put in the channel's table (-1: none yet).
     fanned_topic_version: int = -1
+    # FINs since the API started; the Delta versions of the channel's table and ledger.
+    finish_count: int = 0
+    table_version: int = -1
+    ledger_version: int = -1
 
     @property
     def client_count(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -41,6 +42,8 @@ class Server:
     # "https" when the server is given a certificate (its readiness check then skips
     # verification: the tests verify with their own CA).
     scheme: str = "http"
+    # What HTTPS clients verify the server with (its CA), for tests that use it.
+    verify: ssl.SSLContext | bool = True
 
     @property
     def url(self) -> str:

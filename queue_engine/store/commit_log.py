@@ -143,3 +143,23 @@ def absolute_path(root: str, relative: str) -> str:
         return relative
     prefix = root if "://" in root else os.path.abspath(root)
     return f"{prefix.rstrip('/')}/{relative}"
+
+
+def recent_writes(root: str, since_s: float, limit: int = 5000) -> list[tuple[float, int]]:
+    """(commit time s, rows written) of the table's data-writing commits since ``since_s``,
+    oldest first, from its commit log (the newest ``limit`` commits at most); upkeep commits
+    (compaction, checkpoints) add no messages and are left out."""
+    try:
+        entries = DeltaTable(root).history(limit)
+    except Exception:
+        return []
+    writes = []
+    for entry in entries:
+        at = float(entry.get("timestamp", 0)) / 1000
+        if at < since_s or entry.get("operation") not in ("WRITE", "STREAMING UPDATE"):
+            continue
+        metrics = entry.get("operationMetrics") or {}
+        rows = metrics.get("numOutputRows") or metrics.get("num_added_rows") or 0
+        writes.append((at, int(rows)))
+    writes.sort()
+    return writes

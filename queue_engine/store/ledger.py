@@ -141,7 +141,8 @@ class LedgerWriter(GroupCommitter[list[LeaseEvent]]):
     """Appends lease events to one channel's ledger, many requests per Delta commit."""
 
     def __init__(self, path: str, notify: Notify, *, name: str = "") -> None:
-        open_or_create(path, LEDGER_SCHEMA)
+        # The newest version this writer knows of (its own commits move it).
+        self.version = int(open_or_create(path, LEDGER_SCHEMA).version())
         self.own = OwnVersions()
         super().__init__(
             path,
@@ -157,4 +158,6 @@ class LedgerWriter(GroupCommitter[list[LeaseEvent]]):
 
     def _commit(self, batch: list[list[LeaseEvent]]) -> None:
         events = [event for events in batch for event in events]
-        self.own.add(self._append(events_to_arrow(events)))
+        version = self._append(events_to_arrow(events))
+        self.own.add(version)
+        self.version = max(self.version, version)

@@ -43,6 +43,8 @@ class LoopLedgerWriter:
         self.name = name or path
         self._loop = loop
         self._appender: Appender = LocalAppender(path, version)
+        # The newest version this writer knows of (its own commits move it).
+        self.version = version
         self._pending: list[tuple[list[LeaseEvent], asyncio.Future[None]]] = []
         self._scheduled = False
         self._closed = False
@@ -88,6 +90,7 @@ class LoopLedgerWriter:
             table = events_to_arrow([event for events, _ in batch for event in events])
             self._appender, version = append_or_fall_back(self._appender, self.path, table)
             self.own.add(version)
+            self.version = max(self.version, version)
             if self._histogram is not None:
                 self._histogram.observe(time.perf_counter() - started)
         except Exception as exc:  # reported to every request of the batch

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import subprocess
 import sys
 import threading
@@ -45,7 +46,11 @@ def server(
             "DELTAQ_TLS_KEY": str(certs / "server.key"),
             "DELTAQ_MSG_TIMEOUT_MS": "30000",
         },
+        # The certificate also makes the HTTP port HTTPS.
+        scheme="https",
     ).start()
+    server.verify = ssl.create_default_context()
+    ca.configure_trust(server.verify)
     yield server
     server.stop()
 
@@ -127,7 +132,7 @@ def _subscriber(server: Server, topic: str, channel: str, rdy: int, **options: o
 
 
 def _publish(server: Server, topic: str, bodies: list[bytes]) -> None:
-    with httpx.Client(base_url=server.url, timeout=30) as http:
+    with httpx.Client(base_url=server.url, verify=server.verify, timeout=30) as http:
         for start in range(0, len(bodies), 100):
             chunk = bodies[start : start + 100]
             http.post(f"/mpub?topic={topic}", content=b"\n".join(chunk)).raise_for_status()
@@ -152,7 +157,7 @@ def test_tcp_and_http_consumers_share_one_channel(server: Server) -> None:
             wire.send(b"FIN " + message.id + b"\n")
 
     def http() -> None:
-        with httpx.Client(base_url=server.url, timeout=70) as client:
+        with httpx.Client(base_url=server.url, verify=server.verify, timeout=70) as client:
             while not done.is_set():
                 answer = client.get(
                     "/sub", params={"topic": topic, "channel": channel, "max": 10, "wait_ms": 500}
