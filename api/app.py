@@ -15,7 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Match
 
-from api import admin, config, console, consume, info, metrics, publish
+from api import admin, config, console, consume, info, metrics, openapi, publish
 from api.auth import Authenticator, AuthGate
 from api.fastpath import FastPath
 from api.responses import error, from_queue_error
@@ -98,6 +98,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(config.router)
     app.include_router(metrics.router)
     console.mount(app)
+    openapi.install(app, settings)
 
     @app.exception_handler(QueueError)
     async def queue_error(_: Request, exc: QueueError) -> Response:

@@ -36,6 +36,23 @@ LOG_LEVELS = {
 _NSQ_LEVEL = {python: nsq for nsq, python in LOG_LEVELS.values()}
 
 Option = Annotated[str, Path(description="An nsqd option name, e.g. max_msg_size, log_level")]
+# What GET answers (the values of _options, plus these two).
+OPTIONS = [
+    "http_address",
+    "tcp_address",
+    "data_path",
+    "mem_queue_size",
+    "max_msg_size",
+    "max_body_size",
+    "max_rdy_count",
+    "msg_timeout",
+    "max_msg_timeout",
+    "max_req_timeout",
+    "tls_cert",
+    "tls_key",
+    "log_level",
+    "nsqlookupd_tcp_addresses",
+]
 
 
 def _options(settings: Settings) -> dict[str, Any]:
@@ -66,19 +83,60 @@ def _log_level() -> int:
     response_class=Response,
     responses=error_doc(ErrorCode.INVALID_OPTION),
 )
-async def get_option(request: Request, option: Option) -> Response:
+async def get_option(
+    request: Request,
+    option: Annotated[
+        str, Path(description="An nsqd option name", json_schema_extra={"enum": OPTIONS})
+    ],
+) -> Response:
     return ok_json(_value(request, option))
 
 
+_PUT_ERRORS: dict[int | str, dict[str, Any]] = {
+    **error_doc(ErrorCode.INVALID_VALUE),
+    413: {"description": "INVALID_VALUE: empty or longer than max_msg_size"},
+}
+
+
+# The two options PUT can change, each documented with its own body; the generic route below
+# answers the rest as nsqd does (INVALID_OPTION).
 @router.put(
-    "/config/{option}",
-    summary="Change log_level (debug, info, warn, error, fatal) or nsqlookupd_tcp_addresses",
+    "/config/log_level",
+    summary="Set the API's logging level",
     response_class=Response,
-    responses={
-        **error_doc(ErrorCode.INVALID_OPTION, ErrorCode.INVALID_VALUE),
-        413: {"description": "INVALID_VALUE: empty or longer than max_msg_size"},
+    responses=_PUT_ERRORS,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"text/plain": {"schema": {"type": "string", "enum": list(LOG_LEVELS)}}},
+        }
     },
 )
+async def put_log_level(request: Request) -> Response:
+    return await put_option(request, "log_level")
+
+
+@router.put(
+    "/config/nsqlookupd_tcp_addresses",
+    summary="Set the nsqlookupd addresses /config reports (deltaq does not register with them)",
+    response_class=Response,
+    responses=_PUT_ERRORS,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {"type": "array", "items": {"type": "string"}, "maxItems": 100}
+                }
+            },
+        }
+    },
+)
+async def put_lookupd(request: Request) -> Response:
+    return await put_option(request, "nsqlookupd_tcp_addresses")
+
+
+@router.put("/config/{option}", include_in_schema=False, response_class=Response)
 async def put_option(request: Request, option: Option) -> Response:
     settings = broker_of(request).settings
     try:

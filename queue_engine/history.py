@@ -41,6 +41,8 @@ class ChannelPoint(NamedTuple):
 def _rate(points: list[Any], field: str) -> list[float | None]:
     """Per-second change of ``field`` between consecutive points (None for the first, and
     where the counter went backwards: the process restarted)."""
+    if not points:
+        return []
     rates: list[float | None] = [None]
     for before, after in itertools.pairwise(points):
         dt = after.t - before.t
