@@ -45,6 +45,7 @@ def serve(settings: Settings, on_started: Callable[[], None] | None = None) -> N
         log_level="info",
         # Long-polling consumers and bursty producers keep connections; so do we.
         timeout_keep_alive=75,
+        limit_concurrency=settings.max_http_connections or None,
         ssl_certfile=settings.tls_cert if tls else None,
         ssl_keyfile=settings.tls_key if tls else None,
     )

@@ -61,6 +61,8 @@ class Settings(BaseSettings):
     # connections.
     max_sub_waiters: int = 10_000
     max_tcp_connections: int = 10_000
+    # Open HTTP connections (uvicorn's limit_concurrency: one more is answered 503).
+    max_http_connections: int = 10_000
     # Serve /pub and /mpub with a plain ASGI handler instead of FastAPI's routing (same answers,
     # about twice the requests per second). Off only to compare or to debug.
     http_fast_path: bool = True

@@ -4,6 +4,7 @@ client from hurting the others — against real servers on loopback."""
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import subprocess
 import sys
@@ -252,6 +253,7 @@ def test_caps_answer_clearly(server_factory: type[Server], tmp_path: Path) -> No
             "DELTAQ_MAX_CHANNELS_PER_TOPIC": "1",
             "DELTAQ_MAX_SUB_WAITERS": "1",
             "DELTAQ_MAX_TCP_CONNECTIONS": "2",
+            "DELTAQ_MAX_HTTP_CONNECTIONS": "3",
         },
     ).start()
     with httpx.Client(base_url=server.url, timeout=30) as c:
@@ -275,6 +277,16 @@ def test_caps_answer_clearly(server_factory: type[Server], tmp_path: Path) -> No
         assert busy.status_code == 503 and busy.json() == {"message": "E_TOO_MANY_WAITERS"}
         assert c.get("/sub?topic=a&channel=one&wait_ms=0").status_code == 200
         waiting.join()
+
+    # Three HTTP connections open: a fourth is turned away, and served once they close.
+    sockets = [socket.create_connection((HOST, server.port)) for _ in range(3)]
+    time.sleep(0.2)
+    turned_away = httpx.get(f"{server.url}/ping", timeout=10)
+    assert turned_away.status_code == 503
+    for s in sockets:
+        s.close()
+    time.sleep(0.2)
+    assert httpx.get(f"{server.url}/ping", timeout=10).text == "OK"
 
     held = [Wire(server.tcp_port), Wire(server.tcp_port)]
     time.sleep(0.2)
