@@ -138,8 +138,15 @@ class AuthGate:
         self.authenticator = authenticator
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope["path"]
-        if scope["type"] != "http" or path.startswith(_OPEN) or path in ("/", "/console"):
+        if (
+            scope["type"] != "http"
+            or scope["path"].startswith(_OPEN)
+            or scope["path"]
+            in (
+                "/",
+                "/console",
+            )
+        ):
             await self.app(scope, receive, send)
             return
         refusal = await self._check(scope)

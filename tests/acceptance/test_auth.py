@@ -99,6 +99,10 @@ def test_http_roles_and_patterns(
         assert names == ["audit", "orders1"]
         assert stats["topics"][1]["message_count"] == 3
         assert c.get("/metrics", headers=pub).status_code == 200
+        # The console's page is open; what it shows needs a token.
+        assert c.get("/console").status_code == 200
+        assert c.get("/console/api/overview").status_code == 401
+        assert c.get("/console/api/overview", headers=sub).status_code == 200
 
 
 def test_tcp_auth_with_tokens(
