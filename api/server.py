@@ -13,6 +13,7 @@ import uvicorn
 
 from api.app import create_app, with_fast_path
 from queue_engine.settings import Settings
+from queue_engine.store.warehouse_lock import WarehouseLock
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,16 @@ def serve(settings: Settings, on_started: Callable[[], None] | None = None) -> N
     """Serve until SIGINT/SIGTERM; pending publishes are committed before exit.
     ``on_started`` is called once the server listens."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    # Before anything is opened: a second API on this warehouse stops here, with one line.
+    lock = WarehouseLock(settings.warehouse)
+    lock.acquire()
+    try:
+        _serve(settings, on_started)
+    finally:
+        lock.release()
+
+
+def _serve(settings: Settings, on_started: Callable[[], None] | None) -> None:
     app = create_app(settings)
     tls = bool(settings.tls_cert and settings.tls_key)
     if not app.state.authenticator.enabled and not is_loopback(settings.host):

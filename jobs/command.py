@@ -103,8 +103,10 @@ def _user_facing(exc: BaseException) -> bool:
 
     from queue_engine.auth import AuthConfigError
     from queue_engine.errors import QueueError
+    from queue_engine.store.warehouse_lock import WarehouseBusyError
 
-    if isinstance(exc, CommandError | QueueError | ValidationError | OSError | AuthConfigError):
+    user_errors = (CommandError, QueueError, ValidationError, OSError, AuthConfigError)
+    if isinstance(exc, (*user_errors, WarehouseBusyError)):
         return True
     # Spark's errors (AnalysisException, ParseException, ...) carry a readable first line;
     # pyspark is imported only by the jobs that use it.
