@@ -34,20 +34,22 @@ async def ping() -> Response:
 @router.get("/info", summary="Version and addresses, nsqd's shape", response_class=Response)
 async def info(request: Request) -> Response:
     broker = broker_of(request)
-    return ok_json(
-        {
-            "version": NSQD_VERSION,
-            "deltaq_version": __version__,
-            "broadcast_address": broker.settings.broadcast_address or socket.gethostname(),
-            "hostname": socket.gethostname(),
-            "http_port": broker.settings.port,
-            # 0 when the TCP protocol is turned off.
-            "tcp_port": broker.settings.tcp_port,
-            "start_time": int(broker.started_at),
-            "warehouse": broker.settings.warehouse,
-            "ack": str(broker.settings.ack),
-        }
-    )
+    body: dict[str, Any] = {
+        "version": NSQD_VERSION,
+        "deltaq_version": __version__,
+        "broadcast_address": broker.settings.broadcast_address or socket.gethostname(),
+        "hostname": socket.gethostname(),
+        "http_port": broker.settings.port,
+        # 0 when the TCP protocol is turned off.
+        "tcp_port": broker.settings.tcp_port,
+        "start_time": int(broker.started_at),
+        "warehouse": broker.settings.warehouse,
+        "ack": str(broker.settings.ack),
+    }
+    jobs = _jobs(request)
+    if jobs is not None:
+        body["jobs"] = jobs
+    return ok_json(body)
 
 
 def _e2e() -> dict[str, Any]:
@@ -180,4 +182,13 @@ async def stats(
     }
     if _BOOL.get(include_mem or "", True):
         body["memory"] = _memory()
+    jobs = _jobs(request)
+    if jobs is not None:
+        body["jobs"] = jobs
     return ok_json(body)
+
+
+def _jobs(request: Request) -> dict[str, object] | None:
+    """The jobs process deltaq up runs beside the API (None: the API runs alone)."""
+    status = getattr(request.app.state, "jobs_status", None)
+    return None if status is None else dict(status())

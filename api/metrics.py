@@ -69,6 +69,7 @@ def families(
     topics: list[TopicStats],
     sweeps: dict[tuple[str, str], StateMeta],
     tcp_connections: int,
+    jobs: dict[str, object] | None = None,
 ) -> list[Metric]:
     def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
         return GaugeMetricFamily(f"deltaq_{name}", doc, labels=labels)
@@ -84,6 +85,14 @@ def families(
     info.add_metric([__version__, NSQD_VERSION], 1)
     tcp = gauge("tcp_connections", "Open connections of nsqd's TCP protocol.", [])
     tcp.add_metric([], tcp_connections)
+    extra: list[Metric] = []
+    if jobs is not None:
+        # deltaq up's jobs process (fanout, sweep): alert when it is not up for long.
+        up = gauge("jobs_up", "1 while deltaq up's jobs process (fanout, sweep) runs.", [])
+        up.add_metric([], 1 if jobs.get("state") == "running" else 0)
+        restarts = counter("jobs_restarts", "Restarts of deltaq up's jobs process.", [])
+        restarts.add_metric([], float(str(jobs.get("restarts") or 0)))
+        extra = [up, restarts]
 
     t_depth = gauge("topic_depth", "Messages no channel has taken yet.", ["topic"])
     t_messages = counter(
@@ -140,6 +149,7 @@ def families(
     return [
         info,
         tcp,
+        *extra,
         t_depth,
         t_messages,
         t_paused,
@@ -175,7 +185,9 @@ async def metrics(request: Request) -> Response:
     sweeps = await state.sweep_metas.get(broker, topics)
     tcp = getattr(state, "tcp", None)
     scraped = CollectorRegistry(auto_describe=False)
-    scraped.register(_Families(families(topics, sweeps, len(tcp.connections) if tcp else 0)))
+    status = getattr(state, "jobs_status", None)
+    jobs = status() if status is not None else None
+    scraped.register(_Families(families(topics, sweeps, len(tcp.connections) if tcp else 0, jobs)))
     # REGISTRY: the process collectors and the histograms of queue_engine.metrics.
     body = generate_latest(REGISTRY) + generate_latest(scraped)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -24,7 +24,13 @@ log = logging.getLogger(__name__)
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
-def serve(settings: Settings, on_started: Callable[[], None] | None = None) -> None:
+def serve(
+    settings: Settings,
+    on_started: Callable[[], None] | None = None,
+    *,
+    jobs_status: Callable[[], dict[str, object]] | None = None,
+    before_serving: Callable[[], None] | None = None,
+) -> None:
     """Serve until SIGINT/SIGTERM; pending publishes are committed before exit.
     ``on_started`` is called once the server listens."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
@@ -32,13 +38,20 @@ def serve(settings: Settings, on_started: Callable[[], None] | None = None) -> N
     lock = WarehouseLock(settings.warehouse)
     lock.acquire()
     try:
-        _serve(settings, on_started)
+        if before_serving is not None:
+            before_serving()
+        _serve(settings, on_started, jobs_status)
     finally:
         lock.release()
 
 
-def _serve(settings: Settings, on_started: Callable[[], None] | None) -> None:
+def _serve(
+    settings: Settings,
+    on_started: Callable[[], None] | None,
+    jobs_status: Callable[[], dict[str, object]] | None,
+) -> None:
     app = create_app(settings)
+    app.state.jobs_status = jobs_status
     tls = bool(settings.tls_cert and settings.tls_key)
     if not app.state.authenticator.enabled and not is_loopback(settings.host):
         message = (

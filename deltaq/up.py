@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 from jobs.command import SETTINGS_FROM_STDIN, settings_json
 from queue_engine.settings import Settings
@@ -15,54 +16,133 @@ from queue_engine.settings import Settings
 log = logging.getLogger("deltaq.up")
 
 
-def up(settings: Settings) -> int:
-    """Serve until Ctrl-C (or SIGTERM), then stop the child: the API answers waiting SUBs and
-    commits what is pending, the child stops its stream and its sweep loop."""
-    from api.server import serve
+# Back-off between restarts of a jobs process that died: doubling from the first to the last,
+# and back to the first once a process has run for RESTART_RESET_S.
+RESTART_BACKOFF_S = (1.0, 60.0)
+RESTART_RESET_S = 60.0
 
-    if "://" not in settings.warehouse:
-        # The child resolves paths from the same place, whatever its working directory.
-        settings = settings.model_copy(update={"warehouse": os.path.abspath(settings.warehouse)})
-    ready_read, ready_write = os.pipe()
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "deltaq",
-            "jobs",
-            "--config",
-            SETTINGS_FROM_STDIN,
-            "--ready-fd",
-            str(ready_write),
-        ],
-        stdin=subprocess.PIPE,
-        pass_fds=(ready_write,),
-        # Its own session: a Ctrl-C in the terminal reaches this process only, which then
-        # stops the child in order (a JVM interrupted mid-batch logs cancelled jobs).
-        start_new_session=True,
-    )
-    os.close(ready_write)
-    assert child.stdin is not None
-    child.stdin.write(settings_json(settings).encode())
-    child.stdin.close()
-    api_started = threading.Event()
-    threading.Thread(
-        target=_announce_ready,
-        args=(settings, ready_read, api_started, child.pid),
-        daemon=True,
-        name="deltaq-ready",
-    ).start()
-    log.info(
-        "starting: API in pid %d, fanout + sweep on local Spark in pid %d, warehouse %s",
-        os.getpid(),
-        child.pid,
-        settings.warehouse,
-    )
-    try:
-        serve(settings, on_started=api_started.set)
-    except KeyboardInterrupt:
-        pass  # uvicorn re-raises Ctrl-C after its graceful shutdown
-    finally:
+
+class JobsSupervisor:
+    """The jobs child (fanout, sweep, Spark Connect): started, restarted with back-off when it
+    dies (logged), stopped in order; ``status`` is what /info, /stats and /metrics show."""
+
+    def __init__(self, settings: Settings, api_started: threading.Event) -> None:
+        self.settings = settings
+        self._api_started = api_started
+        self._lock = threading.Lock()
+        self._child: subprocess.Popen[bytes] | None = None
+        self._stop = threading.Event()
+        self._state = "starting"
+        self._restarts = 0
+        self._last_exit: int | None = None
+        self._since = time.time()
+        self._announced = False
+
+    def status(self) -> dict[str, object]:
+        with self._lock:
+            return {
+                "state": self._state,
+                "pid": self._child.pid if self._child is not None else None,
+                "restarts": self._restarts,
+                "last_exit_code": self._last_exit,
+                "since": int(self._since),
+            }
+
+    def start(self) -> int:
+        pid = self._spawn()
+        threading.Thread(target=self._watch, daemon=True, name="deltaq-jobs-watch").start()
+        return pid
+
+    def _spawn(self) -> int:
+        ready_read, ready_write = os.pipe()
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "deltaq",
+                "jobs",
+                "--config",
+                SETTINGS_FROM_STDIN,
+                "--ready-fd",
+                str(ready_write),
+            ],
+            stdin=subprocess.PIPE,
+            pass_fds=(ready_write,),
+            # Its own session: a Ctrl-C in the terminal reaches this process only, which then
+            # stops the child in order (a JVM interrupted mid-batch logs cancelled jobs).
+            start_new_session=True,
+        )
+        os.close(ready_write)
+        assert child.stdin is not None
+        child.stdin.write(settings_json(self.settings).encode())
+        child.stdin.close()
+        with self._lock:
+            self._child = child
+            self._state = "starting"
+            self._since = time.time()
+        threading.Thread(
+            target=self._wait_ready, args=(ready_read, child), daemon=True, name="deltaq-ready"
+        ).start()
+        return child.pid
+
+    def _wait_ready(self, ready_fd: int, child: subprocess.Popen[bytes]) -> None:
+        with os.fdopen(ready_fd, "rb") as ready:
+            jobs_ready = ready.readline().strip() == b"ready"
+        if not jobs_ready:
+            log.error("the jobs process (pid %d) stopped before it was ready", child.pid)
+            return
+        with self._lock:
+            if self._child is child:
+                self._state = "running"
+        if self._announced:
+            log.info("jobs process running again (pid %d)", child.pid)
+            return
+        self._announced = True
+        self._api_started.wait()
+        _announce_ready(self.settings)
+
+    def _watch(self) -> None:
+        backoff = RESTART_BACKOFF_S[0]
+        while True:
+            with self._lock:
+                child = self._child
+            assert child is not None
+            code = child.wait()
+            with self._lock:
+                if self._stop.is_set():
+                    self._state = "stopped"
+                    return
+                self._last_exit = code
+                self._state = "restarting"
+                ran_for = time.time() - self._since
+            if ran_for >= RESTART_RESET_S:
+                backoff = RESTART_BACKOFF_S[0]
+            log.error(
+                "the jobs process (pid %d: fanout, sweep) exited with code %d; restarting in "
+                "%.0f s",
+                child.pid,
+                code,
+                backoff,
+            )
+            if self._stop.wait(backoff):
+                with self._lock:
+                    self._state = "stopped"
+                return
+            with self._lock:
+                self._restarts += 1
+            pid = self._spawn()
+            log.info("jobs process restarted: pid %d", pid)
+            if self._stop.is_set():  # stop() came while it started: it stops this one too
+                self.stop()
+                return
+            backoff = min(backoff * 2, RESTART_BACKOFF_S[1])
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            child = self._child
+        if child is None:
+            return
         if child.poll() is None:
             child.send_signal(signal.SIGTERM)
         try:
@@ -70,20 +150,42 @@ def up(settings: Settings) -> int:
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
+
+
+def up(settings: Settings) -> int:
+    """Serve until Ctrl-C (or SIGTERM), then stop the child: the API answers waiting SUBs and
+    commits what is pending, the child stops its stream and its sweep loop. A child that dies
+    meanwhile is started again."""
+    from api.server import serve
+
+    if "://" not in settings.warehouse:
+        # The child resolves paths from the same place, whatever its working directory.
+        settings = settings.model_copy(update={"warehouse": os.path.abspath(settings.warehouse)})
+    api_started = threading.Event()
+    jobs = JobsSupervisor(settings, api_started)
+    try:
+        # The warehouse is the API's before any job opens it (a second deltaq up stops here).
+        serve(
+            settings,
+            on_started=api_started.set,
+            jobs_status=jobs.status,
+            before_serving=lambda: log.info(
+                "starting: API in pid %d, fanout + sweep on local Spark in pid %d, warehouse %s",
+                os.getpid(),
+                jobs.start(),
+                settings.warehouse,
+            ),
+        )
+    except KeyboardInterrupt:
+        pass  # uvicorn re-raises Ctrl-C after its graceful shutdown
+    finally:
+        jobs.stop()
         log.info("stopped")
     return 0
 
 
-def _announce_ready(
-    settings: Settings, ready_fd: int, api_started: threading.Event, child_pid: int
-) -> None:
+def _announce_ready(settings: Settings) -> None:
     """One line once both halves are up: the API listening and the jobs running."""
-    with os.fdopen(ready_fd, "rb") as ready:
-        jobs_ready = ready.readline().strip() == b"ready"
-    if not jobs_ready:
-        log.error("the jobs process (pid %d) stopped before it was ready", child_pid)
-        return
-    api_started.wait()
     scheme = "https" if settings.tls_cert and settings.tls_key else "http"
     url = f"{scheme}://{settings.host}:{settings.port}"
     sql = (

@@ -112,6 +112,34 @@ def test_up_runs_the_readme_quick_start_and_stops_on_ctrl_c(tmp_path: Path) -> N
         assert len(errors) == 1 and "ledgr" in errors[0], typo.stderr
         assert "Traceback" not in typo.stderr
 
+        # The jobs process dies (kill -9): deltaq up starts it again and the fanout resumes.
+        with httpx.Client(base_url=f"http://{HOST}:{port}", timeout=30) as http:
+            jobs = http.get("/info").json()["jobs"]
+            assert jobs["state"] == "running" and jobs["restarts"] == 0
+            dead = psutil.Process(jobs["pid"])
+            doomed = [dead, *dead.children(recursive=True)]
+            dead.kill()
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                jobs = http.get("/info").json()["jobs"]
+                if jobs["restarts"] == 1 and jobs["state"] == "running":
+                    break
+                time.sleep(0.5)
+            assert jobs["restarts"] == 1 and jobs["state"] == "running", jobs
+            assert jobs["last_exit_code"] == -signal.SIGKILL and jobs["pid"] != dead.pid
+            assert "deltaq_jobs_up 1.0" in http.get("/metrics").text
+            assert http.get("/stats?format=json").json()["jobs"]["restarts"] == 1
+            assert http.post("/pub?topic=events", content=b"after the restart").text == "OK"
+            got = http.get(
+                "/sub", params={"topic": "events", "channel": "archive", "wait_ms": 60000}
+            ).json()["messages"]
+            assert len(got) == 1
+            body = "\n".join(f"{m['id']} {m['lease']}" for m in got)
+            assert http.post("/fin?topic=events&channel=archive", content=body).text == "OK"
+        _, orphans = psutil.wait_procs(doomed, timeout=60)
+        assert not orphans, f"the killed jobs process left {orphans}"
+        assert "exited with code -9; restarting" in log_path.read_text(errors="replace")
+
         children = psutil.Process(process.pid).children(recursive=True)
         assert children, "the jobs process (fanout + sweep) was not started"
         # Ctrl-C in a terminal signals the foreground process group: deltaq up only, since
