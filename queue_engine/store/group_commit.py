@@ -1,9 +1,15 @@
-"""Group commit: one thread and one appender per table, many submissions per Delta commit.
+"""Group commit: one appender per table, many submissions per Delta commit.
 
 Submissions that arrive while a commit is running wait in ``pending`` and all go into the next
 commit, so the number of rows per commit grows with the load and throughput is not bounded by
 commit latency. A commit is one Delta version: all of a batch's rows are in it or none.
 Submissions are committed in the order they were made.
+
+Commits run on a pool of threads shared by every writer (``COMMIT_THREADS``), not on a thread
+per table: a writer with something pending has one task on the pool, which commits it and
+queues the next task if more arrived meanwhile, so a writer's commits never overlap and keep
+their order, busy tables take turns, and an idle table costs no thread (ten thousand topics
+do not mean ten thousand threads).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -30,6 +37,21 @@ log = logging.getLogger(__name__)
 Notify = Callable[[list[Any], BaseException | None], None]
 
 T = TypeVar("T")
+
+
+# Commits that can run at once across all tables. Each is mostly file I/O outside the GIL; more
+# threads than this only queue behind the same disk or store.
+COMMIT_THREADS = 16
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def commit_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(COMMIT_THREADS, thread_name_prefix="deltaq-commit")
+        return _pool
 
 
 class WriterClosedError(RuntimeError):
@@ -71,13 +93,21 @@ class GroupCommitter(ABC, Generic[T]):
         self._pending: list[_Submission[T]] = []
         self._pending_bytes = 0
         self._closed = False
-        self._thread = threading.Thread(
-            target=self._run, name=f"deltaq-commit-{name or path}", daemon=True
-        )
+        # True while this writer has a commit task on the pool (at most one).
+        self._draining = False
+        self._started = False
 
     def _start(self) -> None:
         """Subclasses call this once their own state is set up."""
-        self._thread.start()
+        with self._cond:
+            self._started = True
+            self._schedule()
+
+    def _schedule(self) -> None:
+        """With ``_cond`` held: put a drain task on the pool if one is due and none is on."""
+        if self._started and self._pending and not self._draining:
+            self._draining = True
+            commit_pool().submit(self._drain)
 
     # -- submitting side (any thread) ------------------------------------------------------
 
@@ -88,7 +118,7 @@ class GroupCommitter(ABC, Generic[T]):
                 raise WriterClosedError(self.path)
             self._pending.append(_Submission(item, nbytes, token))
             self._pending_bytes += nbytes
-            self._cond.notify()
+            self._schedule()
 
     def exclusive(self) -> threading.Lock:
         """A lock that, while held, keeps this writer from committing."""
@@ -111,9 +141,8 @@ class GroupCommitter(ABC, Generic[T]):
         """Commit what is pending, then stop; later submits raise WriterClosedError."""
         with self._cond:
             self._closed = True
-            self._cond.notify()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
+            self._schedule()
+            self._cond.wait_for(lambda: not self._draining, timeout_s)
         self._appender.close()
 
     async def aclose(self) -> None:
@@ -122,27 +151,28 @@ class GroupCommitter(ABC, Generic[T]):
 
     # -- the commit thread ----------------------------------------------------------------
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._pending and not self._closed:
-                    self._cond.wait()
-                if not self._pending:
-                    return
-                batch = self._take_batch()
-            error: BaseException | None = None
-            started = time.perf_counter()
-            try:
-                with self._commit_lock:
-                    self._commit([s.item for s in batch])
-            except BaseException as exc:  # reported to every submitter of the batch
-                log.exception("commit to %s failed (%d submissions)", self.path, len(batch))
-                error = exc
-            elapsed = time.perf_counter() - started
-            self.commit_seconds.append(elapsed)
-            if self._histogram is not None:
-                self._histogram.observe(elapsed)
-            self._notify([s.token for s in batch], error)
+    def _drain(self) -> None:
+        """A pool task: one commit of what is pending; if more came meanwhile, the next
+        commit goes to the back of the pool's queue (busy tables take turns)."""
+        with self._cond:
+            batch = self._take_batch()
+        error: BaseException | None = None
+        started = time.perf_counter()
+        try:
+            with self._commit_lock:
+                self._commit([s.item for s in batch])
+        except BaseException as exc:  # reported to every submitter of the batch
+            log.exception("commit to %s failed (%d submissions)", self.path, len(batch))
+            error = exc
+        elapsed = time.perf_counter() - started
+        self.commit_seconds.append(elapsed)
+        if self._histogram is not None:
+            self._histogram.observe(elapsed)
+        self._notify([s.token for s in batch], error)
+        with self._cond:
+            self._draining = False
+            self._schedule()
+            self._cond.notify_all()
 
     def _take_batch(self) -> list[_Submission[T]]:
         taken = 0
