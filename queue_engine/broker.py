@@ -8,7 +8,11 @@ blocking Delta work runs in the writer threads or in ``asyncio.to_thread``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import heapq
+import itertools
 import logging
+import random
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -31,7 +35,11 @@ log = logging.getLogger(__name__)
 
 # The consumer pump's period, and how many periods apart channels nobody waits on are visited.
 PUMP_INTERVAL_S = 0.005
-IDLE_PUMP_EVERY = 20
+# How often a channel nobody waits on is ticked: with leases in flight or deferred messages
+# (timeouts, releases), and with neither (only to pick up new rows for its depth).
+BUSY_TICK_S = 0.1
+IDLE_TICK_S = 2.0
+PUMP_IDLE_MAX_S = 1.0
 
 
 class Broker:
@@ -47,6 +55,13 @@ class Broker:
         # HTTP /sub requests in progress (the API caps them: max_sub_waiters).
         self.sub_waiters = 0
         self._channels: dict[tuple[str, str], ChannelRuntime] = {}
+        # The pump's work: channels with a waiting consumer (ticked every PUMP_INTERVAL_S),
+        # and a schedule of when every channel is next due otherwise.
+        self._hot: set[ChannelRuntime] = set()
+        self._schedule: list[tuple[float, int, ChannelRuntime]] = []
+        self._scheduled = itertools.count()
+        # Set when a channel turns hot: the pump, asleep until the next due channel, wakes.
+        self._heated = asyncio.Event()
         self._pump: asyncio.Task[None] | None = None
         self._admin = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -354,9 +369,12 @@ class Broker:
             mem_queue_size=self.settings.mem_queue_size,
             is_paused=lambda: self._channel_paused(topic, channel),
             notify=self._committed,
+            on_waiting=self._heat,
         )
         await runtime.start()
         self._channels[key] = runtime
+        # Spread over the first interval, so channels opened together are not all due at once.
+        self._due(runtime, random.uniform(0, BUSY_TICK_S))
         self.maintenance.watch(runtime.ledger_path)
 
     async def _close_channel(self, topic: str, channel: str) -> None:
@@ -370,19 +388,55 @@ class Broker:
         state = info.channels.get(channel) if info is not None else None
         return state is None or state.paused
 
+    def _heat(self, runtime: ChannelRuntime) -> None:
+        if runtime not in self._hot:
+            self._hot.add(runtime)
+            self._heated.set()
+
+    async def _pause(self) -> None:
+        """Until the next pass: PUMP_INTERVAL_S while a channel is hot, else until the next
+        channel is due (at most PUMP_IDLE_MAX_S) or one turns hot: an idle API sleeps."""
+        if self._hot:
+            await asyncio.sleep(PUMP_INTERVAL_S)
+            return
+        due = self._schedule[0][0] - time.monotonic() if self._schedule else PUMP_IDLE_MAX_S
+        self._heated.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                self._heated.wait(), min(max(due, PUMP_INTERVAL_S), PUMP_IDLE_MAX_S)
+            )
+
+    def _due(self, runtime: ChannelRuntime, after_s: float) -> None:
+        heapq.heappush(self._schedule, (time.monotonic() + after_s, next(self._scheduled), runtime))
+
     async def _run_pump(self) -> None:
         """Timeouts, deferrals and new channel rows: every few ms for channels with waiting
-        consumers (so a SUB answers within ms of a fanout commit), every 100 ms for others."""
-        tick = 0
+        consumers (so a SUB answers within ms of a fanout commit), every BUSY_TICK_S for
+        channels with leases or deferrals, every IDLE_TICK_S for the rest. Each pass looks
+        only at the channels due: the cost follows activity, not the number of channels."""
         while True:
-            await asyncio.sleep(PUMP_INTERVAL_S)
-            tick += 1
-            for runtime in list(self._channels.values()):
-                if runtime.waiting or tick % IDLE_PUMP_EVERY == 0:
-                    try:
-                        await runtime.tick()
-                    except Exception:
-                        log.exception("pump of %s/%s failed", runtime.topic, runtime.channel)
+            await self._pause()
+            for runtime in list(self._hot):
+                if runtime.closed:
+                    self._hot.discard(runtime)
+                    continue
+                await self._tick(runtime)
+                if not runtime.waiting:
+                    self._hot.discard(runtime)
+            now = time.monotonic()
+            while self._schedule and self._schedule[0][0] <= now:
+                _, _, runtime = heapq.heappop(self._schedule)
+                if runtime.closed:
+                    continue
+                if runtime not in self._hot:
+                    await self._tick(runtime)
+                self._due(runtime, BUSY_TICK_S if runtime.busy else IDLE_TICK_S)
+
+    async def _tick(self, runtime: ChannelRuntime) -> None:
+        try:
+            await runtime.tick()
+        except Exception:
+            log.exception("pump of %s/%s failed", runtime.topic, runtime.channel)
 
     # -- stats ----------------------------------------------------------------------------
 

@@ -102,6 +102,7 @@ class ChannelRuntime:
         mem_queue_size: int,
         is_paused: Callable[[], bool],
         notify: Callable[[list[object], BaseException | None], None],
+        on_waiting: Callable[[ChannelRuntime], None] | None = None,
     ) -> None:
         self.topic = topic
         self.channel = channel
@@ -115,6 +116,8 @@ class ChannelRuntime:
         self._mem_queue_size = max(2, mem_queue_size)
         self._is_paused = is_paused
         self._notify = notify
+        # Told when a consumer starts waiting here: the broker then ticks this channel often.
+        self._on_waiting = on_waiting
         self.queue = ChannelQueue()
         self._reader = ChannelReader(messages_path)
         # Unread rows of messages the ledger already knew (they are not depth).
@@ -188,6 +191,10 @@ class ChannelRuntime:
             if wanted <= 0:
                 break
             if not self._is_paused() and not self._broken:
+                if not self.queue.has_ready():
+                    # An idle channel is polled every few seconds only: look for rows the
+                    # fanout committed since, rather than wait for the pump.
+                    await self.poll()
                 await self.refill()
                 deliveries, events = self.queue.take(wanted, now_us(), lease_us, consumer)
                 if self.queue.body_wanted:
@@ -201,6 +208,8 @@ class ChannelRuntime:
             if remaining <= 0:
                 break
             self.waiting += 1
+            if self._on_waiting is not None:
+                self._on_waiting(self)
             try:
                 async with self._changed:
                     await asyncio.wait_for(self._changed.wait(), remaining)
@@ -366,6 +375,11 @@ class ChannelRuntime:
     async def wake(self) -> None:
         async with self._changed:
             self._changed.notify_all()
+
+    @property
+    def busy(self) -> bool:
+        """Leases to time out or deferrals to release: worth ticking often."""
+        return bool(self.queue.in_flight or self.queue.deferred)
 
     # -- figures ----------------------------------------------------------------------------
 
