@@ -1,0 +1,58 @@
+"""Many topics on one node: what an idle API costs as the number of tables grows.
+
+Creates ``--topics`` topics with one channel each through the API (a fresh warehouse), then
+leaves it idle and prints its threads, resident memory and CPU over ``--idle-seconds``, and
+how long the creation took. The bars for 10,000 topics: under 100 threads, under 1.5 GB RSS,
+under 5% of one core idle.
+
+    python bench/many_topics.py [--topics 1000] [--idle-seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from procs import api_process, free_port, post, stop
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--topics", type=int, default=1000)
+    parser.add_argument("--idle-seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        port = free_port()
+        proc = api_process(Path(tmp) / "wh", port)
+        try:
+            started = time.perf_counter()
+            for i in range(args.topics):
+                post(port, f"/topic/create?topic=t{i}")
+                post(port, f"/channel/create?topic=t{i}&channel=c")
+            created = time.perf_counter() - started
+            api = psutil.Process(proc.pid)
+            time.sleep(3)  # let the last creations settle
+            before = api.cpu_times()
+            time.sleep(args.idle_seconds)
+            after = api.cpu_times()
+            busy = (after.user + after.system) - (before.user + before.system)
+            print(
+                f"{args.topics:,} topics with a channel each: created in {created:.1f} s "
+                f"({created / max(1, args.topics) * 1000:.0f} ms each); idle: "
+                f"{api.num_threads()} threads, {api.memory_info().rss / 2**20:,.0f} MiB RSS, "
+                f"{busy / args.idle_seconds * 100:.1f}% of one core",
+                flush=True,
+            )
+        finally:
+            stop(proc)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
