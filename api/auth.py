@@ -15,10 +15,12 @@ import logging
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qsl
 
+from api.body import Receive
+from api.fastpath import Scope, Send
 from queue_engine.auth import (
     AuthConfigError,
     Identity,
@@ -31,9 +33,6 @@ from queue_engine.settings import Settings
 
 log = logging.getLogger(__name__)
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 AUTH_SERVER_TIMEOUT_S = 5.0

@@ -214,6 +214,15 @@ def _lookup(messages_path: str, ledger_path: str, message_id: str) -> dict[str, 
     }
 
 
+def _rows_with_id(path: str, message_id: str) -> pa.Table | None:
+    """The rows of the Delta table at ``path`` about one message (None: no such table)."""
+    try:
+        dataset = DeltaTable(path).to_pyarrow_dataset()
+    except Exception:
+        return None
+    return dataset.to_table(filter=pc.field("id") == message_id)
+
+
 def _order(event: Any) -> tuple[int, int]:
     key: tuple[int, int] = event.sort_key()
     return key
