@@ -481,11 +481,12 @@ class Broker:
         writer = self._writers.get(info.name)
         if writer is None:
             return 0
+        # Looked up through the topic's own channels: /stats over many topics stays linear.
         fanned = max(
             (
                 runtime.fanned_topic_version
-                for (topic, _), runtime in self._channels.items()
-                if topic == info.name
+                for name in info.channels
+                if (runtime := self._channels.get((info.name, name))) is not None
             ),
             default=-1,
         )

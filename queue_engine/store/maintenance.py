@@ -25,6 +25,9 @@ from queue_engine.store.compaction import compact_small_files, small_files
 log = logging.getLogger(__name__)
 
 
+QUIET_MAX_ROUNDS = 30
+
+
 @dataclass
 class _Upkeep:
     last_checkpoint_version: int = -1
@@ -32,6 +35,10 @@ class _Upkeep:
     known_version: int = -1
     last_compaction_s: float = float("-inf")
     last_vacuum_s: float = 0.0
+    # A table that stopped changing is probed less and less often (up to QUIET_MAX_ROUNDS
+    # rounds apart): ten thousand idle tables do not mean ten thousand probes a second.
+    quiet_rounds: int = 0
+    next_probe_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -95,9 +102,12 @@ class Maintenance:
         while not self._stop.wait(self.policy.interval_ms / 1000):
             with self._lock:
                 tables = list(self._tables.items())
+            now = time.monotonic()
             for path, upkeep in tables:
                 if self._stop.is_set():
                     return
+                if now < upkeep.next_probe_s:
+                    continue
                 try:
                     self.upkeep(path, upkeep)
                 except Exception:
@@ -112,6 +122,13 @@ class Maintenance:
         started = time.perf_counter()
         # Probing for the next commit files is cheap; opening the table replays its log.
         version = latest_version(path, upkeep.known_version)
+        if version == upkeep.known_version:
+            upkeep.quiet_rounds = min(upkeep.quiet_rounds * 2 or 1, QUIET_MAX_ROUNDS)
+        else:
+            upkeep.quiet_rounds = 0
+        upkeep.next_probe_s = time.monotonic() + (
+            upkeep.quiet_rounds * self.policy.interval_ms / 1000
+        )
         upkeep.known_version = version
         checkpoint_due = (
             version - upkeep.last_checkpoint_version >= self.policy.checkpoint_interval_commits
