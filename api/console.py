@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import logging
 import time
 from pathlib import Path
@@ -70,8 +69,10 @@ async def sample_forever(broker: Broker, history: History) -> None:
         writes = await asyncio.to_thread(recent_writes, path, since)
         history.backfill_topic(topic.name, writes, topic.message_count)
     while True:
-        with contextlib.suppress(Exception):
+        try:
             history.record(broker.stats(), time.time())
+        except Exception:
+            log.exception("console: sampling the figures failed")
         await asyncio.sleep(SAMPLE_EVERY_S)
 
 
@@ -176,28 +177,21 @@ async def peek(
 def _lookup(messages_path: str, ledger_path: str, message_id: str) -> dict[str, Any]:
     """The message's row and every ledger event about it, in time order (blocking)."""
     row: dict[str, Any] | None = None
-    with contextlib.suppress(Exception):
-        table = (
-            DeltaTable(messages_path)
-            .to_pyarrow_dataset()
-            .to_table(filter=pc.field("id") == message_id)
-        )
-        if table.num_rows:
-            first = table.slice(0, 1).to_pylist()[0]
-            row = {
-                "id": message_id,
-                "published_at_us": _us(first.get("published_at")),
-                "topic_version": first.get("topic_version"),
-                **_body_text(first["body"]),
-            }
-    events = []
-    with contextlib.suppress(Exception):
-        table = (
-            DeltaTable(ledger_path)
-            .to_pyarrow_dataset()
-            .to_table(filter=pc.field("id") == message_id)
-        )
-        events = sorted(events_from_arrow(table.select(LEDGER_SCHEMA.names)), key=_order)
+    table = _rows_with_id(messages_path, message_id)
+    if table is not None and table.num_rows:
+        first = table.slice(0, 1).to_pylist()[0]
+        row = {
+            "id": message_id,
+            "published_at_us": _us(first.get("published_at")),
+            "topic_version": first.get("topic_version"),
+            **_body_text(first["body"]),
+        }
+    table = _rows_with_id(ledger_path, message_id)
+    events = (
+        sorted(events_from_arrow(table.select(LEDGER_SCHEMA.names)), key=_order)
+        if table is not None
+        else []
+    )
     return {
         "message": row,
         "events": [

@@ -176,8 +176,12 @@ def identity_from_auth_server(answer: Any, now: float) -> Identity:
         raise AuthConfigError(f"invalid TTL {ttl} (must be >0)")
     grants: list[Grant] = []
     for auth in answer.get("authorizations") or []:
+        if not isinstance(auth, dict):
+            raise AuthConfigError(f"authorization is not an object: {auth!r}")
         topic = auth.get("topic", "")
         channels = tuple(auth.get("channels") or [])
+        if not isinstance(topic, str) or not all(isinstance(c, str) for c in channels):
+            raise AuthConfigError(f"topic and channels must be strings: {auth!r}")
         for pattern in (topic, *channels):
             try:
                 re.compile(pattern)
