@@ -123,6 +123,8 @@ class Broker:
         self._writers.clear()
         await asyncio.to_thread(_close_all, writers)
         await asyncio.to_thread(self.maintenance.stop)
+        if self._registry_store is not None:
+            self._registry_store.close()
 
     # -- publishing -----------------------------------------------------------------------
 

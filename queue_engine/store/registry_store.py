@@ -5,14 +5,11 @@ from __future__ import annotations
 import threading
 
 import pyarrow as pa
-from deltalake import write_deltalake
-from deltalake.transaction import PostCommitHookProperties
 
 from queue_engine.registry import Action, Registry, RegistryEvent
+from queue_engine.store.append import Appender, append_or_fall_back, appender_for
 from queue_engine.store.commit_log import latest_version
 from queue_engine.store.tables import REGISTRY_SCHEMA, open_or_create
-
-_HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
 
 
 class RegistryStore:
@@ -21,6 +18,10 @@ class RegistryStore:
     def __init__(self, path: str) -> None:
         self.path = path
         self._dt = open_or_create(path, REGISTRY_SCHEMA)
+        # The same appender as the topics' (a local warehouse: one file + a put-if-absent log
+        # entry, ~1 ms; delta-rs's append replays a log that grows with every topic created).
+        # Checkpoints come from the API's maintenance, which watches this table.
+        self._appender: Appender = appender_for(path)
         self._lock = threading.Lock()
 
     def load(self) -> list[RegistryEvent]:
@@ -46,7 +47,10 @@ class RegistryStore:
             schema=REGISTRY_SCHEMA,
         )
         with self._lock:
-            write_deltalake(self._dt, row, mode="append", post_commithook_properties=_HOOKS)
+            self._appender, _ = append_or_fall_back(self._appender, self.path, row)
+
+    def close(self) -> None:
+        self._appender.close()
 
 
 def events_from_table(table: pa.Table) -> list[RegistryEvent]:
