@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from queue_engine.settings import Settings, load_settings
+from queue_engine.store.object_store import check_store, export_storage_options
 
 # Read the whole resolved settings as JSON from standard input (how ``deltaq up`` hands its
 # settings to the jobs process: one object, nothing through files or the environment).
@@ -38,12 +39,17 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
 
 def settings_of(args: argparse.Namespace, **overrides: Any) -> Settings:
     """The one settings object of this process: from the file and the environment, with the
-    flags given on top; ``--config -`` reads a resolved object as JSON from stdin."""
+    flags given on top; ``--config -`` reads a resolved object as JSON from stdin. The
+    warehouse's store is configured and checked here, before any command touches it."""
     given = {"warehouse": getattr(args, "warehouse", None), **overrides}
     if getattr(args, "config", None) == SETTINGS_FROM_STDIN:
         base = Settings.model_validate_json(sys.stdin.read())
-        return base.model_copy(update={k: v for k, v in given.items() if v is not None})
-    return load_settings(getattr(args, "config", None), **given)
+        settings = base.model_copy(update={k: v for k, v in given.items() if v is not None})
+    else:
+        settings = load_settings(getattr(args, "config", None), **given)
+    export_storage_options(settings.storage_options)
+    check_store(settings.warehouse)
+    return settings
 
 
 def standalone_main(
@@ -103,10 +109,11 @@ def _user_facing(exc: BaseException) -> bool:
 
     from queue_engine.auth import AuthConfigError
     from queue_engine.errors import QueueError
+    from queue_engine.store.object_store import StoreError
     from queue_engine.store.warehouse_lock import WarehouseBusyError
 
     user_errors = (CommandError, QueueError, ValidationError, OSError, AuthConfigError)
-    if isinstance(exc, (*user_errors, WarehouseBusyError)):
+    if isinstance(exc, (*user_errors, WarehouseBusyError, StoreError)):
         return True
     # Spark's errors (AnalysisException, ParseException, ...) carry a readable first line;
     # pyspark is imported only by the jobs that use it.

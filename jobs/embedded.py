@@ -52,7 +52,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         args.master, "deltaq-jobs", connect_port=settings.spark_connect_port or None
     )
     query = start_fanout(
-        spark, Warehouse(settings.warehouse), once=False, channel_format=channel_format_for(spark)
+        spark,
+        Warehouse(settings.warehouse),
+        once=False,
+        checkpoint=settings.fanout_checkpoint or None,
+        channel_format=channel_format_for(spark),
     )
     stop = threading.Event()
 

@@ -34,7 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="fan out everything available now, then exit (Trigger.AvailableNow)",
     )
-    parser.add_argument("--checkpoint", help="default: <warehouse>/_checkpoints/fanout")
+    parser.add_argument(
+        "--checkpoint",
+        help="where Spark keeps the stream's offsets (default: the settings' fanout_checkpoint, "
+        "else <warehouse>/_checkpoints/fanout)",
+    )
     parser.add_argument("--master", help="Spark master (default local[2], or spark-submit's)")
     parser.add_argument(
         "--max-files-per-trigger",
@@ -63,7 +67,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         spark,
         Warehouse(settings.warehouse),
         once=args.once,
-        checkpoint=args.checkpoint,
+        checkpoint=args.checkpoint or settings.fanout_checkpoint or None,
         max_files_per_trigger=args.max_files_per_trigger,
         channel_format=channel_format_for(spark, args.channel_writes),
     )

@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     # Connect's own default), and deltaq sql uses it when it answers: a query then takes about
     # a second instead of a JVM start. 0: neither.
     spark_connect_port: int = 15002
+    # Where the fanout stream keeps Spark's checkpoint (offsets and commits): a path or URL
+    # Spark's Hadoop FileSystem can write. "": <warehouse>/_checkpoints/fanout.
+    fanout_checkpoint: str = ""
     # Publishing.
     ack: AckMode = AckMode.COMMIT
     # One commit carries at most this many body bytes; more waiting goes in the next commit.
@@ -110,6 +113,10 @@ class Settings(BaseSettings):
     vacuum_retention_hours: int = 168
     vacuum_interval_s: int = 3600
     maintenance_interval_ms: int = 1000
+    # Object storage: the store's own configuration keys (aws_endpoint_url, aws_region,
+    # google_service_account, azure_storage_account_name, ...). Exported into the environment
+    # as upper-case names where not already set there (queue_engine/store/object_store.py).
+    storage_options: dict[str, str] = Field(default_factory=dict)
 
     @classmethod
     def settings_customise_sources(

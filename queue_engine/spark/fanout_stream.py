@@ -28,7 +28,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from queue_engine.fanout import CHANNEL_COLUMNS, CHANNEL_WRITES, receivers, route
 from queue_engine.registry import ChannelInfo, Registry
-from queue_engine.spark.session import Engine, engine
+from queue_engine.spark.session import Engine, checkpoint_location, engine
 from queue_engine.store.append_once import IdempotentAppender
 from queue_engine.store.registry_store import RegistryReader
 from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, Warehouse, open_or_create
@@ -214,9 +214,8 @@ def start_fanout(
         def each_batch(df: DataFrame, batch_id: int) -> None:
             fanout_batch_by_spark(df, batch_id, registry_reader, warehouse, format_name, created)
 
-    writer = source.writeStream.foreachBatch(each_batch).option(
-        "checkpointLocation", checkpoint or f"{warehouse.checkpoints_root}/fanout"
-    )
+    location = checkpoint_location(spark, checkpoint or f"{warehouse.checkpoints_root}/fanout")
+    writer = source.writeStream.foreachBatch(each_batch).option("checkpointLocation", location)
     writer = (
         writer.trigger(availableNow=True) if once else writer.trigger(processingTime="0 seconds")
     )

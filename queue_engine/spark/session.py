@@ -13,6 +13,8 @@ from enum import StrEnum
 
 from pyspark.sql import SparkSession
 
+from queue_engine.store.object_store import StoreError, executor_environment
+
 log = logging.getLogger(__name__)
 
 _DELTA_CLASS = "org.apache.spark.sql.delta.sources.DeltaDataSource"
@@ -71,6 +73,8 @@ def build_session(
                 .config("spark.driver.bindAddress", "127.0.0.1")
                 .config("spark.driver.extraJavaOptions", local_java_options())
             )
+    for name, value in executor_environment().items():
+        builder = builder.config(f"spark.executorEnv.{name}", value)
     if connect_port:
         builder = (
             builder.config("spark.plugins", _CONNECT_PLUGIN)
@@ -132,6 +136,39 @@ def quiet_stream_stop(spark: SparkSession) -> None:
         )
     except Exception:
         log.debug("could not lower the DAGScheduler's log level", exc_info=True)
+
+
+def checkpoint_location(spark: SparkSession, path: str) -> str:
+    """``path`` as Spark's streaming checkpoint can use it. Spark writes checkpoints through
+    Hadoop's FileSystem: an ``s3://`` warehouse is reached as ``s3a://`` where only hadoop-aws's
+    S3A is present (vanilla Hadoop), and a scheme Spark has no FileSystem for is refused with
+    what to do, before the stream starts."""
+    scheme = path.split("://", 1)[0] if "://" in path else "file"
+    candidates = [scheme, "s3a"] if scheme == "s3" else [scheme]
+    for candidate in candidates:
+        if _has_filesystem(spark, candidate):
+            return path if candidate == scheme else f"{candidate}://{path.split('://', 1)[1]}"
+    raise CheckpointLocationError(
+        f"Spark has no Hadoop FileSystem for {scheme}:// to keep the streaming checkpoint "
+        f"{path}: put the store's connector on Spark's classpath (for S3: hadoop-aws, as "
+        "spark.jars.packages=org.apache.hadoop:hadoop-aws:<Spark's Hadoop version>), or give "
+        "--checkpoint a location Spark can write (HDFS, or a local path on a one-driver "
+        "deployment)"
+    )
+
+
+class CheckpointLocationError(StoreError):
+    """The streaming checkpoint cannot live where it was asked to."""
+
+
+def _has_filesystem(spark: SparkSession, scheme: str) -> bool:
+    try:
+        jvm = spark.sparkContext._jvm
+        conf = spark.sparkContext._jsc.hadoopConfiguration()
+        jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(scheme, conf)  # type: ignore[union-attr]
+    except Exception:
+        return False
+    return True
 
 
 def remote_session(url: str) -> SparkSession:

@@ -28,7 +28,6 @@ from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql.datasource import (
@@ -209,9 +208,7 @@ class TableReader(DataSourceReader):
         files = _files(partition)
         if not files:
             return
-        dataset = ds.dataset(
-            [f[0] for f in files], format="parquet", schema=_arrow_schema(self.path)
-        )
+        dataset = parquet_dataset([f[0] for f in files], _arrow_schema(self.path))
         yield from dataset.to_batches()
 
 

@@ -1,0 +1,115 @@
+"""Warehouses on object storage (s3://, gs://, az://, abfss://): configuration and the start check.
+
+Configuration has one path: the standard environment variables of each store (``AWS_*``,
+``GOOGLE_*``, ``AZURE_*``), which delta-rs, obstore and every child process (the jobs, Spark's
+Python workers) read alike. The settings' ``storage_options`` table is exported into the
+environment under the same upper-case names, and a variable already set wins, as
+``DELTAQ_*`` variables win over the settings file.
+
+Delta's log is safe on a store only if creating ``_delta_log/<version>.json`` fails when the
+name is taken (put-if-absent: S3's ``If-None-Match: *``, GCS's and Azure's preconditions);
+delta-rs commits that way. ``check_store`` proves it before anything is written: it creates a
+probe object twice and requires the second create to be refused. A store that overwrites, is
+unreachable or refuses the credentials stops the command with one line naming the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import uuid
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, RetryConfig
+
+PROBE_PREFIX = "_deltaq/probes"
+
+
+class StoreError(Exception):
+    """The warehouse's store cannot hold deltaq's tables safely (or cannot be reached)."""
+
+
+def is_remote(root: str) -> bool:
+    """Whether ``root`` names an object store rather than a local path."""
+    return "://" in root and not root.startswith("file://")
+
+
+# The variables the settings configured, which Spark sessions hand to their executors.
+_configured: set[str] = set()
+
+
+def export_storage_options(options: Mapping[str, str]) -> None:
+    """Put ``options`` into the environment (upper-case names) where not already set."""
+    for key, value in options.items():
+        name = key.upper()
+        if name not in os.environ:
+            os.environ[name] = str(value)
+        _configured.add(name)
+
+
+def executor_environment() -> dict[str, str]:
+    """The store variables the settings configured, as Spark's executors need them (a cluster's
+    executors do not inherit this process's environment)."""
+    return {name: os.environ[name] for name in sorted(_configured) if name in os.environ}
+
+
+def check_store(root: str) -> None:
+    """Raise ``StoreError`` unless the object store under ``root`` is reachable with the
+    configured credentials and honours put-if-absent. Local paths need no check."""
+    if not is_remote(root):
+        return
+    import obstore
+    from obstore.exceptions import AlreadyExistsError, BaseError
+    from obstore.store import from_url
+
+    client: ClientConfig = {
+        "connect_timeout": timedelta(seconds=5),
+        "timeout": timedelta(seconds=10),
+        "allow_http": os.environ.get("AWS_ALLOW_HTTP", "").lower() == "true",
+    }
+    # A start-time check must fail in seconds, not after object_store's 3 minutes of retries.
+    retry: RetryConfig = {"max_retries": 2, "retry_timeout": timedelta(seconds=10)}
+    try:
+        store = from_url(root, client_options=client, retry_config=retry)
+    except (BaseError, ValueError) as exc:
+        raise StoreError(f"warehouse {root}: {_first_line(exc)}") from exc
+    probe = f"{PROBE_PREFIX}/{uuid.uuid4().hex}"
+    try:
+        obstore.put(store, probe, b"1", mode="create")
+    except (BaseError, OSError) as exc:
+        raise StoreError(f"warehouse {root} cannot be written: {_first_line(exc)}") from exc
+    try:
+        try:
+            obstore.put(store, probe, b"2", mode="create")
+        except AlreadyExistsError:
+            return
+        except (BaseError, OSError) as exc:
+            raise StoreError(f"warehouse {root}: put-if-absent failed: {_first_line(exc)}") from exc
+        raise StoreError(
+            f"warehouse {root} overwrote an object created with put-if-absent "
+            "(If-None-Match: *): two writers could both commit one Delta version there; "
+            "deltaq does not write to such a store"
+        )
+    finally:
+        # A leftover probe is harmless: nothing reads _deltaq/probes.
+        with contextlib.suppress(BaseError, OSError):
+            obstore.delete(store, probe)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The store's answer in brief: its error code (S3's ``<Code>``) and the request, without
+    the XML body object_store appends."""
+    text = str(exc).strip()
+    if not text:
+        return type(exc).__name__
+    line = text.splitlines()[0]
+    code = re.search(r"<Code>([^<]+)</Code>", text)
+    status = re.search(r"status code: (\d{3} [^:]+):", line)
+    line = line.split(" - Server returned", 1)[0]
+    if code:
+        line = f"{code.group(1)} ({status.group(1) if status else 'error'}); {line}"
+    return line
