@@ -44,6 +44,8 @@ class Server:
     scheme: str = "http"
     # What HTTPS clients verify the server with (its CA), for tests that use it.
     verify: ssl.SSLContext | bool = True
+    # An object-store URL to serve instead of ``warehouse`` (which then only holds the log).
+    warehouse_url: str = ""
 
     @property
     def url(self) -> str:
@@ -62,7 +64,7 @@ class Server:
                 "deltaq",
                 "api",
                 "--warehouse",
-                str(self.warehouse),
+                self.warehouse_url or str(self.warehouse),
                 "--host",
                 HOST,
                 "--port",

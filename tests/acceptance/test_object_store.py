@@ -1,0 +1,246 @@
+"""The whole pipeline on local disk and on an S3 server (moto's, over HTTP on 127.0.0.1): the API
+publishing and leasing, ``deltaq fanout`` exactly once, ``deltaq sweep``, ``deltaq sql``,
+restarts and kill -9; and the start checks that refuse a store deltaq cannot use safely.
+
+Each command runs as a user runs it, a process of its own configured by the standard
+``AWS_*`` variables. Spark keeps the fanout's checkpoint on local disk here: this Spark has no
+S3A connector (hadoop-aws comes from Maven), which the last test shows is refused plainly.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from queue_engine.store.tables import Warehouse
+from tests.conftest import ROOT, Server
+from tests.consumers import answer, body, channel_stats, create_channel, sub
+from tests.s3 import S3Server, StoreProxy, free_port, moto_server_command, store_env
+
+pytestmark = pytest.mark.slow
+BUCKET = "deltaq-tests"
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    if moto_server_command() is None:
+        pytest.skip("moto's S3 server is not installed (pip install 'moto[server]')")
+    server = S3Server(free_port(), tmp_path_factory.mktemp("moto") / "moto.log").start()
+    server.create_bucket(BUCKET)
+    yield server
+    server.stop()
+
+
+@dataclass
+class Site:
+    """Where one test's warehouse lives, and how processes reach it."""
+
+    kind: str
+    root: str  # the warehouse: a local path or an s3:// URL
+    workdir: Path  # local files: logs, the fanout's checkpoint
+    env: dict[str, str]
+
+    def options(self) -> dict[str, str]:
+        return {k.lower(): v for k, v in self.env.items()}
+
+    def table(self, path: str) -> pa.Table:
+        return DeltaTable(path, storage_options=self.options() or None).to_pyarrow_table()
+
+    def server(self, **env: str) -> Server:
+        return Server(self.workdir / "wh", env={**self.env, **env}, warehouse_url=self.root).start()
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return deltaq(self.env, *args, "--warehouse", self.root)
+
+    def fanout_once(self) -> None:
+        checkpoint = str(self.workdir / "fanout-checkpoint")
+        done = self.run("fanout", "--once", "--checkpoint", checkpoint)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.fixture(params=["local", "s3"])
+def site(request: pytest.FixtureRequest, tmp_path: Path) -> Site:
+    if request.param == "local":
+        return Site("local", str(tmp_path / "wh"), tmp_path, {})
+    s3: S3Server = request.getfixturevalue("s3_server")
+    root = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
+    return Site("s3", root, tmp_path, store_env(s3.endpoint))
+
+
+def deltaq(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``deltaq <args>`` as its own process, with the store's variables ``env``."""
+    return subprocess.run(
+        [sys.executable, "-m", "deltaq", *args],
+        env={**os.environ, **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+
+
+def publish(c: httpx.Client, topic: str, n: int, prefix: str) -> set[bytes]:
+    sent = set()
+    for i in range(n):
+        payload = f"{prefix}-{i}".encode()
+        assert c.post("/pub", params={"topic": topic}, content=payload).text == "OK"
+        sent.add(payload)
+    return sent
+
+
+def take(c: httpx.Client, topic: str, channel: str, n: int, **params: Any) -> list[dict[str, Any]]:
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 30
+    while len(got) < n and time.monotonic() < deadline:
+        got += sub(c, topic, channel, max=n - len(got), wait_ms=1000, **params)
+    return got
+
+
+def test_publish_fanout_exactly_once_leases_sweep_and_sql(site: Site) -> None:
+    server = site.server()
+    wh = Warehouse(site.root)
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        create_channel(c, "orders", "billing")
+        sent = publish(c, "orders", 20, "pub")
+        mpub = [f"mpub-{i}".encode() for i in range(30)]
+        assert c.post("/mpub", params={"topic": "orders"}, content=b"\n".join(mpub)).text == "OK"
+        sent |= set(mpub)
+        deferred = b"deferred"
+        r = c.post("/pub", params={"topic": "orders", "defer": 1500}, content=deferred)
+        assert r.text == "OK"
+        sent.add(deferred)
+
+        # The fanout twice over the same topic rows: each message lands in the channel once.
+        site.fanout_once()
+        site.fanout_once()
+        rows = site.table(wh.channel_messages_path("orders", "billing"))
+        assert sorted(rows.column("body").to_pylist()) == sorted(sent)
+        assert len(set(rows.column("id").to_pylist())) == len(sent)
+
+        # Leases: FIN, REQ, TOUCH through the API over this store.
+        leased = take(c, "orders", "billing", 50, msg_timeout_ms=30_000)
+        assert len(leased) == 50
+        assert deferred not in {body(m) for m in leased}  # deferred 1.5 s: not yet
+        fin, req, touch = leased[:40], leased[40:45], leased[45]
+        assert answer(c, "fin", "orders", "billing", *fin).text == "OK"
+        assert answer(c, "req", "orders", "billing", *req, timeout_ms=0).text == "OK"
+        assert answer(c, "touch", "orders", "billing", touch).text == "OK"
+        again = take(c, "orders", "billing", 6, msg_timeout_ms=30_000)
+        by_body = {body(m): m for m in again}
+        assert set(by_body) == {body(m) for m in req} | {deferred}
+        assert {by_body[body(m)]["attempts"] for m in req} == {2}
+        assert answer(c, "fin", "orders", "billing", *again).text == "OK"
+        stats = channel_stats(c, "orders", "billing")
+        assert (stats["depth"], stats["in_flight_count"]) == (0, 5)  # 4 of leased[45:] + touch
+    server.stop()
+
+    swept = site.run("sweep")
+    assert swept.returncode == 0, swept.stderr[-3000:]
+    assert "swept 1 channels" in swept.stderr
+    answer_rows = site.run(
+        "sql",
+        "--local",
+        "SELECT topic, channel, count(*) AS n FROM ledger WHERE event = 'FIN' GROUP BY 1, 2",
+    )
+    assert answer_rows.returncode == 0, answer_rows.stderr[-3000:]
+    assert "|orders|billing|46|" in answer_rows.stdout.replace(" ", "")
+
+
+def test_restarts_and_kill_9_lose_nothing_acknowledged(site: Site) -> None:
+    wh = Warehouse(site.root)
+    server = site.server()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        create_channel(c, "events", "worker")
+        sent = publish(c, "events", 40, "before")
+    site.fanout_once()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        leased = take(c, "events", "worker", 10, msg_timeout_ms=60_000)
+        assert len(leased) == 10
+        assert answer(c, "fin", "events", "worker", *leased[:4]).text == "OK"
+    server.kill9()
+
+    # A restarted API knows the 4 FINs and the 6 leases it had handed out (they come back when
+    # their time is up); what was acknowledged before kill -9 is all there.
+    server = site.server()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        stats = channel_stats(c, "events", "worker")
+        assert (stats["depth"], stats["in_flight_count"]) == (30, 6)
+        sent |= publish(c, "events", 40, "after")
+    server.kill9()
+
+    topic_rows = site.table(wh.topic_path("events"))
+    assert sorted(topic_rows.column("body").to_pylist()) == sorted(sent)
+    site.fanout_once()
+    server = site.server()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        rest = take(c, "events", "worker", 70, msg_timeout_ms=60_000)
+        fin_ids = {m["id"] for m in leased[:4]}
+        assert not fin_ids & {m["id"] for m in rest}
+        assert len(rest) == 70  # 30 + 40 new; the 6 leased are still in flight
+        assert answer(c, "fin", "events", "worker", *rest).text == "OK"
+    server.stop()
+
+
+def _api_error(env: dict[str, str], root: str) -> subprocess.CompletedProcess[str]:
+    return deltaq(env, "api", "--warehouse", root, "--port", str(free_port()))
+
+
+def test_a_store_deltaq_cannot_use_stops_each_command_with_one_line(s3_server: S3Server) -> None:
+    env = store_env(s3_server.endpoint)
+    root = f"s3://{BUCKET}/refused"
+    cases: list[tuple[dict[str, str], str, str]] = [
+        (env, f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/wh", "NoSuchBucket"),
+        ({**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}, root, "error sending"),
+    ]
+    proxy = StoreProxy(s3_server.port, strip_conditional=True).start()
+    try:
+        cases.append((store_env(proxy.endpoint), root, "put-if-absent"))
+        for case_env, case_root, expected in cases:
+            done = _api_error(case_env, case_root)
+            assert done.returncode == 1, done.stderr
+            lines = done.stderr.strip().splitlines()
+            assert len(lines) == 1, done.stderr
+            assert lines[0].startswith(f"deltaq api: error: warehouse {case_root}")
+            assert expected in lines[0]
+    finally:
+        proxy.stop()
+
+
+def test_wrong_credentials_are_refused_at_start(tmp_path: Path) -> None:
+    if moto_server_command() is None:
+        pytest.skip("moto's S3 server is not installed (pip install 'moto[server]')")
+    # moto checks signatures against its known users once its free actions are used up.
+    os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
+    try:
+        server = S3Server(free_port(), tmp_path / "moto.log").start()
+    finally:
+        del os.environ["INITIAL_NO_AUTH_ACTION_COUNT"]
+    try:
+        done = _api_error(store_env(server.endpoint), f"s3://{BUCKET}/wh")
+        assert done.returncode == 1
+        assert done.stderr.startswith(f"deltaq api: error: warehouse s3://{BUCKET}/wh")
+        assert "InvalidAccessKeyId" in done.stderr
+    finally:
+        server.stop()
+
+
+def test_fanout_refuses_a_checkpoint_spark_cannot_write(s3_server: S3Server) -> None:
+    env = store_env(s3_server.endpoint)
+    done = deltaq(env, "fanout", "--once", "--warehouse", f"s3://{BUCKET}/ck")
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("deltaq fanout: error: Spark has no Hadoop FileSystem for s3://")
+    assert "--checkpoint" in last
