@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -244,3 +245,62 @@ def test_fanout_refuses_a_checkpoint_spark_cannot_write(s3_server: S3Server) -> 
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("deltaq fanout: error: Spark has no Hadoop FileSystem for s3://")
     assert "--checkpoint" in last
+
+
+def test_a_store_outage_under_load_answers_503_and_loses_nothing_acknowledged(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """The store goes away for 5 s while 4 producers publish (the proxy drops every request,
+    as an unreachable endpoint does; moto keeps its objects only in memory, so it is the
+    proxy that stops, not moto). Publishes answer 503 E_COMMIT_FAILED meanwhile, the API
+    recovers by itself, and every acknowledged message is in the topic table."""
+    proxy = StoreProxy(s3_server.port).start()
+    root = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
+    site = Site("s3", root, tmp_path, store_env(proxy.endpoint))
+    server = site.server()
+    acked: list[bytes] = []
+    refused: list[str] = []
+    stop = threading.Event()
+
+    def produce(worker: int) -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            i = 0
+            while not stop.is_set():
+                payload = f"w{worker}-{i}".encode()
+                r = c.post("/pub", params={"topic": "load"}, content=payload)
+                if r.status_code == 200:
+                    acked.append(payload)
+                else:
+                    refused.append(f"{r.status_code} {r.text}")
+                i += 1
+
+    producers = [threading.Thread(target=produce, args=(w,)) for w in range(4)]
+    try:
+        for t in producers:
+            t.start()
+        time.sleep(1.5)
+        before = len(acked)
+        proxy.down = True
+        time.sleep(5.0)
+        proxy.down = False
+        time.sleep(2.0)
+        stop.set()
+        for t in producers:
+            t.join(60)
+        after = len(acked)
+    finally:
+        stop.set()
+        server.stop()
+        proxy.stop()
+    assert before > 0 and after > before + 10  # published before the outage and after it
+    assert refused and set(refused) == {'503 {"message":"E_COMMIT_FAILED"}'}
+    topic = DeltaTable(
+        Warehouse(root).topic_path("load"), storage_options=store_env_options(s3_server)
+    ).to_pyarrow_table()
+    stored = topic.column("body").to_pylist()
+    assert set(acked) <= set(stored)
+    assert all(len(b) > 0 for b in stored)
+
+
+def store_env_options(s3_server: S3Server) -> dict[str, str]:
+    return {k.lower(): v for k, v in store_env(s3_server.endpoint).items()}
