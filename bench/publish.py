@@ -5,6 +5,10 @@ from a separate process, and prints msg/s, latency p50/p99, messages per Delta c
 server's peak RSS. Nothing is asserted: the figures go in the README.
 
     python bench/publish.py [--seconds 10] [--ack commit|buffer] [--only pub1,pub16,mpub16]
+    python bench/publish.py --store s3 --only pub64,mpub16   # moto's S3, 20 ms per request
+
+``--store s3`` puts the warehouse on moto's S3 server behind a loopback proxy that adds
+``--store-delay-ms`` (default 20) to every store request, as an object store's latency.
 """
 
 from __future__ import annotations
@@ -25,7 +29,10 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loadgen import LoadResult, run
+
+from tests.s3 import S3Server, StoreProxy, store_env
 
 HOST = "127.0.0.1"
 BODY = b"x" * 200
@@ -92,10 +99,21 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--ack", default="commit", choices=["commit", "buffer"])
     parser.add_argument("--only", default="pub1,pub16,mpub16")
+    parser.add_argument("--store", default="local", choices=["local", "s3"])
+    parser.add_argument("--store-delay-ms", type=float, default=20.0)
     args = parser.parse_args()
     port = _free_port()
-    with tempfile.TemporaryDirectory() as warehouse:
+    with tempfile.TemporaryDirectory() as local:
         env = {**os.environ, "DELTAQ_ACK": args.ack}
+        warehouse = local
+        s3: S3Server | None = None
+        proxy: StoreProxy | None = None
+        if args.store == "s3":
+            s3 = S3Server(_free_port(), Path(local) / "moto.log").start()
+            s3.create_bucket("deltaq-bench")
+            proxy = StoreProxy(s3.port, delay_s=args.store_delay_ms / 1000).start()
+            env.update(store_env(proxy.endpoint))
+            warehouse = "s3://deltaq-bench/wh"
         server = subprocess.Popen(
             [
                 sys.executable,
@@ -133,9 +151,15 @@ def main() -> int:
             cases = {
                 "pub1": ("/pub", "/pub?topic=bench_pub1", BODY, 1, 1),
                 "pub16": ("/pub", "/pub?topic=bench_pub16", BODY, 1, 16),
+                "pub64": ("/pub", "/pub?topic=bench_pub64", BODY, 1, 64),
                 "mpub16": ("/mpub x100", "/mpub?topic=bench_mpub", mpub_body, 100, 16),
             }
-            print(f"ack={args.ack}, {args.seconds:.0f} s per case, 200-byte messages")
+            where = (
+                f"moto's S3 + {args.store_delay_ms:.0f} ms per request"
+                if args.store == "s3"
+                else "local disk"
+            )
+            print(f"ack={args.ack}, {where}, {args.seconds:.0f} s per case, 200-byte messages")
             header = (
                 "case",
                 "conns",
@@ -166,6 +190,10 @@ def main() -> int:
         finally:
             server.terminate()
             server.wait(30)
+            if proxy is not None:
+                proxy.stop()
+            if s3 is not None:
+                s3.stop()
     return 0
 
 

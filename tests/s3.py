@@ -119,6 +119,8 @@ class StoreProxy:
     strip_conditional: bool = False
     port: int = 0
     requests: int = 0
+    # Request lines seen, when a list is given (to see what a client asks of the store).
+    trace: list[str] | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
     _started: threading.Event = field(default_factory=threading.Event)
@@ -173,6 +175,8 @@ class StoreProxy:
             headers.append(line)
         body = await reader.readexactly(length) if length else b""
         self.requests += 1
+        if self.trace is not None:
+            self.trace.append(lines[0])
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         try:
