@@ -12,15 +12,18 @@
 - ``.option("warehouse", W).option("kind", "topics")``: one stream over every topic of a deltaq
   warehouse (the fanout's source); the offset is a version per topic, new topics join as they
   are created, paused topics do not advance, and rows carry ``topic`` and ``topic_version``.
-- ``df.write.format("deltaq")`` / ``writeStream``: appends through delta-rs; a streaming batch
-  is committed with the app transaction (``appId``, batch id) so a replayed batch is skipped.
+- ``df.write.format("deltaq")`` / ``writeStream``: each task writes a data file straight into
+  the table's storage, the driver commits them in one log entry (through delta-rs); a streaming
+  batch is committed with the app transaction (``appId``, batch id) so a replayed batch is
+  skipped.
   A batch write takes delta-spark's idempotent-write options ``txnAppId`` / ``txnVersion``
   with delta-spark's meaning, so ``foreachBatch`` code writes alike with either format.
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -28,8 +31,10 @@ from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
+from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -53,7 +58,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from queue_engine.registry import Registry
-from queue_engine.store.append_once import append_once
+from queue_engine.store.append import file_stats_json
 from queue_engine.store.commit_log import (
     AddedFilesCache,
     added_files,
@@ -489,10 +494,11 @@ class TopicsHybridReader(_SimpleStreamReaderWrapper):
 
 
 @dataclass
-class StagedFiles(WriterCommitMessage):
-    """Parquet files a task wrote under the table, not yet part of it."""
+class AddedFiles(WriterCommitMessage):
+    """Data files a task wrote into the table's directory, not yet part of the table: each as
+    (name relative to the table, size in bytes, Delta statistics JSON)."""
 
-    tables: list[str]
+    files: list[tuple[str, int, str]]
 
 
 @dataclass(frozen=True)
@@ -515,7 +521,10 @@ def _app_transaction(options: Any) -> AppTransaction | None:
 
 
 class TableWriter(DataSourceArrowWriter):
-    """Batch writes: each task stages its rows; the driver appends them in one commit."""
+    """Batch writes as Delta writers do: each task writes its rows as a data file in the
+    table's directory (on the executor, straight to the table's storage), and the driver
+    commits all the tasks' files in one log entry. Nothing goes through the driver's disk or
+    memory, so it works wherever executors and driver share only the table's storage."""
 
     def __init__(self, path: str, overwrite: bool, transaction: AppTransaction | None) -> None:
         if overwrite and transaction is not None:
@@ -524,23 +533,14 @@ class TableWriter(DataSourceArrowWriter):
         self.overwrite = overwrite
         self.transaction = transaction
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFiles:
-        return StagedFiles(_stage(self.path, iterator))
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> AddedFiles:
+        return AddedFiles(_write_data_file(self.path, iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        table = _collect(self.path, messages)
-        if self.transaction is not None:
-            # Even with no rows: the commit records that this transaction happened.
-            append_once(self.path, table, self.transaction.app_id, self.transaction.version)
-        elif table is None:
-            return
-        elif self.overwrite:
-            write_deltalake(self.path, table, mode="overwrite")
-        else:
-            write_deltalake(self.path, table, mode="append")
+        _commit_files(self.path, messages, self.transaction, overwrite=self.overwrite)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        _discard(messages)
+        _discard(self.path, messages)
 
 
 class TableStreamWriter(DataSourceStreamArrowWriter):
@@ -550,44 +550,78 @@ class TableStreamWriter(DataSourceStreamArrowWriter):
         self.path = path
         self.app_id = app_id
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFiles:
-        return StagedFiles(_stage(self.path, iterator))
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> AddedFiles:
+        return AddedFiles(_write_data_file(self.path, iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        table = _collect(self.path, messages)
-        append_once(self.path, table, self.app_id, batchId)
+        _commit_files(self.path, messages, AppTransaction(self.app_id, batchId), overwrite=False)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        _discard(messages)
+        _discard(self.path, messages)
 
 
-def _stage(path: str, iterator: Iterator[pa.RecordBatch]) -> list[str]:
-    """The task's rows as one Parquet file beside the table's data (none for no rows)."""
+def _write_data_file(path: str, iterator: Iterator[pa.RecordBatch]) -> list[tuple[str, int, str]]:
+    """The task's rows as one Parquet data file in the table's directory (none for no rows).
+    A local file is written under a temporary name and renamed; an object store's object
+    appears whole when its upload completes."""
     batches = [batch for batch in iterator if batch.num_rows]
     if not batches:
         return []
     table = pa.Table.from_batches(batches).cast(_arrow_schema(path))
-    staged = os.path.join(os.path.abspath(path), f"_staged-{uuid.uuid4().hex}.parquet")
-    pq.write_table(table, staged)
-    return [staged]
+    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    fs, root = filesystem(path)
+    target = f"{root.rstrip('/')}/{name}"
+    if isinstance(fs, pafs.LocalFileSystem):
+        staging = f"{root.rstrip('/')}/.{name}.tmp"
+        pq.write_table(table, staging, filesystem=fs, compression="snappy")
+        fs.move(staging, target)
+    else:
+        pq.write_table(table, target, filesystem=fs, compression="snappy")
+    size = fs.get_file_info(target).size
+    return [(name, int(size or 0), file_stats_json(table))]
 
 
-def _collect(path: str, messages: list[WriterCommitMessage | None]) -> pa.Table | None:
-    files = [f for m in messages if isinstance(m, StagedFiles) for f in m.tables]
-    if not files:
-        return None
-    table = pa.concat_tables([pq.read_table(f) for f in files]).cast(_arrow_schema(path))
-    for f in files:
-        os.unlink(f)
-    return table
+def _commit_files(
+    path: str,
+    messages: list[WriterCommitMessage | None],
+    transaction: AppTransaction | None,
+    *,
+    overwrite: bool,
+) -> None:
+    """Commit the tasks' files in one log entry (recording ``transaction``), unless the table
+    already recorded that transaction: then the files are removed, the write was done before."""
+    files = [f for m in messages if isinstance(m, AddedFiles) for f in m.files]
+    dt = DeltaTable(path)
+    if transaction is not None:
+        recorded = dt.transaction_version(transaction.app_id)
+        if recorded is not None and recorded >= transaction.version:
+            _discard(path, messages)
+            return
+    elif not files and not overwrite:
+        return
+    now_ms = int(time.time() * 1000)
+    adds: list[AddAction | RemoveAction] = [
+        AddAction(name, size, {}, now_ms, True, stats) for name, size, stats in files
+    ]
+    properties = None
+    if transaction is not None:
+        txn = Transaction(transaction.app_id, transaction.version, now_ms)
+        properties = CommitProperties(app_transactions=[txn])
+    dt.create_write_transaction(
+        adds,
+        mode="overwrite" if overwrite else "append",
+        schema=_arrow_schema(path),
+        commit_properties=properties,
+    )
 
 
-def _discard(messages: list[WriterCommitMessage | None]) -> None:
+def _discard(path: str, messages: list[WriterCommitMessage | None]) -> None:
+    fs, root = filesystem(path)
     for m in messages:
-        if isinstance(m, StagedFiles):
-            for f in m.tables:
-                if os.path.exists(f):
-                    os.unlink(f)
+        if isinstance(m, AddedFiles):
+            for name, _, _ in m.files:
+                with contextlib.suppress(OSError):
+                    fs.delete_file(f"{root.rstrip('/')}/{name}")
 
 
-__all__ = ["DeltaqDataSource", "append_once"]
+__all__ = ["DeltaqDataSource"]

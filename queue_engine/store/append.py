@@ -224,7 +224,7 @@ def add_action(
             "size": size,
             "modificationTime": now_ms,
             "dataChange": data_change,
-            "stats": json.dumps(_stats(rows), separators=(",", ":")),
+            "stats": file_stats_json(rows),
         }
     }
 
@@ -275,6 +275,11 @@ def _write_empty_file(path: str, data: bytes | pa.Buffer) -> None:
 
 class ProtocolChangedError(RuntimeError):
     """The table's metadata or protocol changed under the fast appender."""
+
+
+def file_stats_json(table: pa.Table) -> str:
+    """A data file's ``stats`` as its ``add`` action carries them."""
+    return json.dumps(_stats(table), separators=(",", ":"))
 
 
 def _stats(table: pa.Table) -> dict[str, object]:

@@ -165,6 +165,10 @@ def test_batch_writer_appends(spark: SparkSession, tmp_path: Path) -> None:
     df.write.format("deltaq").mode("append").save(str(path))
     df.write.format("deltaq").mode("append").save(str(path))
     assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 10
+    df.write.format("deltaq").mode("overwrite").save(str(path))
+    assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 5
+    # Tasks write data files into the table itself; nothing is staged beside it.
+    assert not list(path.glob("_staged*")) and not list(path.glob(".*.tmp"))
 
 
 def test_batch_writer_takes_delta_sparks_idempotent_write_options(
@@ -187,6 +191,9 @@ def test_batch_writer_takes_delta_sparks_idempotent_write_options(
     write(rows, 7)  # a replay: skipped
     write(rows, 3)  # older: skipped
     assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 4
+    # The skipped writes' data files are removed again: only the table's own files remain.
+    on_disk = {p.name for p in path.glob("*.parquet")}
+    assert on_disk == {Path(f).name for f in DeltaTable(str(path)).file_uris()}
     write(rows.limit(0), 8)  # no rows: still recorded
     assert DeltaTable(str(path)).transaction_version("app") == 8
     write(rows, 9)
