@@ -172,6 +172,12 @@ def channel_format_for(spark: SparkSession, channel_writes: str = "auto") -> str
     return None if channel_writes == "driver" else channel_writes
 
 
+def _prefetch(spark: SparkSession, prefetch: bool | None) -> bool:
+    if prefetch is not None:
+        return prefetch
+    return (spark.sparkContext.master or "local").startswith("local")
+
+
 def start_fanout(
     spark: SparkSession,
     warehouse: Warehouse,
@@ -180,8 +186,13 @@ def start_fanout(
     checkpoint: str | None = None,
     max_files_per_trigger: int = 200,
     channel_format: str | None = None,
+    prefetch: bool | None = None,
 ) -> StreamingQuery:
     """Start the query; with ``once`` it processes what is available now and stops.
+
+    ``prefetch`` (None: on for a local master only) reads small micro-batches in the driver's
+    Python process, which saves a Python task per batch on one machine; on a cluster every
+    batch is read by tasks on the executors.
 
     ``channel_format`` None writes channel rows from the driver through delta-rs; a format
     name ("delta", "deltaq") writes them with Spark's writer of that format.
@@ -191,10 +202,17 @@ def start_fanout(
         .option("warehouse", warehouse.root)
         .option("kind", "topics")
         .option("maxFilesPerTrigger", str(max_files_per_trigger))
+        .option("prefetch", str(_prefetch(spark, prefetch)).lower())
         .load()
     )
 
     registry_reader = RegistryReader(warehouse.registry_path)
+    log.info(
+        "fanout: topic rows read %s",
+        "by the driver for small batches (prefetch), else by tasks"
+        if _prefetch(spark, prefetch)
+        else "by tasks on the executors",
+    )
     log.info(
         "fanout: channel rows written %s",
         "on the driver through delta-rs"

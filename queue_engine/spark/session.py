@@ -179,7 +179,9 @@ def remote_session(url: str) -> SparkSession:
 
 
 def _inside_spark_submit() -> bool:
-    return "SPARK_SUBMIT" in os.environ or "spark.master" in os.environ.get("SPARK_CONF", "")
+    """Whether spark-submit started this driver: it runs the Python driver from its JVM and
+    hands it the gateway's port; its --master (or spark-defaults) must then stand."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ or "SPARK_SUBMIT" in os.environ
 
 
 def engine(spark: SparkSession) -> Engine:

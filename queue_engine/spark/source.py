@@ -126,14 +126,19 @@ class DeltaqDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         if self._topics_stream():
             max_rows = int(self.options.get("maxRowsPerTrigger", DEFAULT_MAX_ROWS_PER_TRIGGER))
+            offsets = TopicsStreamReader(
+                self.options["warehouse"],
+                self._files_per_partition(),
+                self._max_files(),
+                max_rows,
+                min_partitions=int(self.options.get("minPartitions", DEFAULT_MIN_PARTITIONS)),
+            )
+            # "prefetch" false: every micro-batch is read by tasks on the executors (the
+            # cluster path); true: small ones are read in the driver's Python process.
+            if str(self.options.get("prefetch", "true")).lower() == "false":
+                return offsets
             return TopicsHybridReader(
-                TopicsStreamReader(
-                    self.options["warehouse"],
-                    self._files_per_partition(),
-                    self._max_files(),
-                    max_rows,
-                    min_partitions=int(self.options.get("minPartitions", DEFAULT_MIN_PARTITIONS)),
-                ),
+                offsets,
                 prefetch_max_rows=int(
                     self.options.get("prefetchMaxRows", DEFAULT_PREFETCH_MAX_ROWS)
                 ),
@@ -453,10 +458,11 @@ class TopicsHybridReader(_SimpleStreamReaderWrapper):
     """The topics stream's reader: small micro-batches prefetched (TopicsPrefetchingReader),
     large ones read by parallel tasks.
 
-    Spark treats a reader of this class (pyspark's wrapper of simple readers, private API of
-    PySpark 4.x, pinned < 5) specially: the rows it caches in ``latestOffset`` are sent to the
-    JVM with the plan, and when it has none cached for a batch (a large batch, or one replayed
-    after a restart) Spark runs ``read`` on the ``partitions`` in Python tasks.
+    Spark treats a reader of this class (pyspark's wrapper of simple readers, a private API of
+    PySpark, hence the exact pin in pyproject.toml) specially: the rows it caches in
+    ``latestOffset`` are sent to the JVM with the plan, and when it has none cached for a batch
+    (a large batch, or one replayed after a restart) Spark runs ``read`` on the
+    ``partitions`` in Python tasks.
     """
 
     def __init__(self, offsets: TopicsStreamReader, prefetch_max_rows: int) -> None:

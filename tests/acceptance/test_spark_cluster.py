@@ -1,0 +1,169 @@
+"""The jobs on a real Spark cluster: a standalone master and worker on 127.0.0.1 (pyspark's own
+``spark-class``), the warehouse on moto's S3 server, the jobs run as users run them
+(``deltaq fanout --master spark://...`` and ``spark-submit jobs/sweep.py``), the topic rows read
+by tasks on the executors. Exactly once across kill -9 of the driver and of the worker."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from deltalake import DeltaTable
+
+from queue_engine.store.tables import Warehouse
+from tests.conftest import ROOT, Server
+from tests.consumers import create_channel
+from tests.s3 import S3Server, free_port, moto_server_command, store_env
+from tests.spark_cluster import SPARK_CLASS, SPARK_SUBMIT, SparkCluster, spark_env
+
+pytestmark = pytest.mark.slow
+BUCKET = "deltaq-cluster"
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    if moto_server_command() is None:
+        pytest.skip("moto's S3 server is not installed (pip install 'moto[server]')")
+    server = S3Server(free_port(), tmp_path_factory.mktemp("moto") / "moto.log").start()
+    server.create_bucket(BUCKET)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, s3: S3Server) -> Iterator[SparkCluster]:
+    if not SPARK_CLASS.exists():
+        pytest.skip(f"pyspark has no launcher at {SPARK_CLASS}")
+    # Executors reach the store through the worker's environment, as on a real cluster.
+    c = SparkCluster(tmp_path / "spark", env=store_env(s3.endpoint))
+    c.workdir.mkdir()
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+
+
+def driver(
+    args: list[str], env: dict[str, str], log: Path, *, submit: bool = False
+) -> subprocess.Popen[bytes]:
+    command = [str(SPARK_SUBMIT), *args] if submit else [sys.executable, "-m", "deltaq", *args]
+    return subprocess.Popen(
+        command,
+        env={**spark_env(), **env},
+        cwd=ROOT,
+        stdout=open(log, "ab"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def channel_bodies(root: str, env: dict[str, str], topic: str, channel: str) -> list[bytes]:
+    options = {k.lower(): v for k, v in env.items()}
+    path = Warehouse(root).channel_messages_path(topic, channel)
+    rows: list[bytes] = (
+        DeltaTable(path, storage_options=options).to_pyarrow_table()["body"].to_pylist()
+    )
+    return rows
+
+
+def test_fanout_and_sweep_run_on_the_cluster(
+    cluster: SparkCluster, s3: S3Server, tmp_path: Path
+) -> None:
+    env = store_env(s3.endpoint)
+    root = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
+    server = Server(tmp_path / "wh", env=env, warehouse_url=root).start()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        create_channel(c, "jobs", "runner")
+        sent = [f"m{i}".encode() for i in range(300)]
+        assert c.post("/mpub", params={"topic": "jobs"}, content=b"\n".join(sent)).text == "OK"
+
+    checkpoint = str(tmp_path / "checkpoint")
+    fanout_log = tmp_path / "fanout.log"
+    args = ["fanout", "--master", cluster.url, "--warehouse", root, "--once"]
+    fanout = driver([*args, "--checkpoint", checkpoint], env, fanout_log)
+    assert fanout.wait(240) == 0, fanout_log.read_text()[-3000:]
+    assert "topic rows read by tasks on the executors" in fanout_log.read_text()
+    assert sorted(channel_bodies(root, env, "jobs", "runner")) == sorted(sent)
+
+    sweep_log = tmp_path / "sweep.log"
+    sweep_args = ["--master", cluster.url, str(ROOT / "jobs" / "sweep.py"), "--warehouse", root]
+    sweep = driver(sweep_args, env, sweep_log, submit=True)
+    assert sweep.wait(240) == 0, sweep_log.read_text()[-3000:]
+    assert "swept 1 channels" in sweep_log.read_text()
+
+    # Both ran as applications of the cluster, with executors on its worker.
+    names = {app["name"] for app in cluster.applications()}
+    assert {"deltaq-fanout", "deltaq-sweep"} <= names, names
+    executor_logs = list((cluster.workdir / "worker-0").glob("app-*/*/stderr"))
+    assert len(executor_logs) >= 2
+    server.stop()
+
+
+def test_exactly_once_across_kill_9_of_the_worker_and_of_the_driver(
+    cluster: SparkCluster, s3: S3Server, tmp_path: Path
+) -> None:
+    env = store_env(s3.endpoint)
+    root = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
+    server = Server(tmp_path / "wh", env=env, warehouse_url=root).start()
+    sent: list[bytes] = []
+    stop = threading.Event()
+
+    def publish() -> None:
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            i = 0
+            while not stop.is_set() and i < 2_000:
+                payload = f"e{i}".encode()
+                if c.post("/pub", params={"topic": "events"}, content=payload).text == "OK":
+                    sent.append(payload)
+                i += 1
+                time.sleep(0.005)
+
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        create_channel(c, "events", "sink")
+    producer = threading.Thread(target=publish)
+    producer.start()
+    checkpoint = str(tmp_path / "checkpoint")
+    args = ["fanout", "--master", cluster.url, "--warehouse", root, "--checkpoint", checkpoint]
+    try:
+        fanout = driver(args, env, tmp_path / "fanout-1.log")
+        _wait_for_rows(root, env, 1, fanout, tmp_path / "fanout-1.log")
+        cluster.kill9_worker()  # executors gone mid-stream
+        cluster.start_worker()
+        seen = len(channel_bodies(root, env, "events", "sink"))
+        _wait_for_rows(root, env, seen + 1, fanout, tmp_path / "fanout-1.log")
+        fanout.send_signal(signal.SIGKILL)  # the driver, mid-stream
+        fanout.wait(10)
+    finally:
+        stop.set()
+        producer.join(60)
+        server.stop()
+    # A new driver from the same checkpoint finishes the work: each message exactly once.
+    log = tmp_path / "fanout-2.log"
+    rest = driver([*args, "--once"], env, log)
+    assert rest.wait(240) == 0, log.read_text()[-3000:]
+    stored = channel_bodies(root, env, "events", "sink")
+    assert len(stored) == len(set(stored))
+    assert sorted(stored) == sorted(sent)
+    assert len(sent) > 100
+
+
+def _wait_for_rows(
+    root: str, env: dict[str, str], n: int, fanout: subprocess.Popen[bytes], log: Path
+) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        assert fanout.poll() is None, log.read_text()[-3000:]
+        try:
+            if len(channel_bodies(root, env, "events", "sink")) >= n:
+                return
+        except Exception:  # the channel table is created by the first batch
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"the fanout wrote fewer than {n} rows: {log.read_text()[-3000:]}")

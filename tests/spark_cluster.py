@@ -1,0 +1,139 @@
+"""A Spark standalone cluster on 127.0.0.1 for tests: a master and workers started with
+pyspark's own ``spark-class`` launcher, on free ports, each worker with its own work directory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pyspark
+
+from tests.s3 import HOST, free_port
+
+SPARK_HOME = Path(pyspark.__file__).resolve().parent
+SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"
+SPARK_SUBMIT = SPARK_HOME / "bin" / "spark-submit"
+
+
+def spark_env() -> dict[str, str]:
+    """What every process of the cluster, and every driver, runs with."""
+    return {
+        **os.environ,
+        "SPARK_HOME": str(SPARK_HOME),
+        "SPARK_LOCAL_IP": HOST,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        # The launcher scripts source conf/spark-env.sh if present; none is wanted.
+        "SPARK_CONF_DIR": str(SPARK_HOME / "conf-none"),
+    }
+
+
+@dataclass
+class SparkCluster:
+    workdir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = 0
+    ui_port: int = 0
+    master: subprocess.Popen[bytes] | None = None
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"spark://{HOST}:{self.port}"
+
+    def start(self) -> SparkCluster:
+        self.port, self.ui_port = free_port(), free_port()
+        self.master = self._launch(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            HOST,
+            "--port",
+            str(self.port),
+            "--webui-port",
+            str(self.ui_port),
+        )
+        self._wait(lambda state: True, "the master")
+        self.start_worker()
+        return self
+
+    def start_worker(self) -> None:
+        n = len(self.workers)
+        alive = self.alive_workers()
+        worker_dir = self.workdir / f"worker-{n}"
+        worker_dir.mkdir(parents=True, exist_ok=True)
+        self.workers.append(
+            self._launch(
+                f"worker-{n}",
+                "org.apache.spark.deploy.worker.Worker",
+                self.url,
+                "--host",
+                HOST,
+                "--cores",
+                "2",
+                "--memory",
+                "2g",
+                "--webui-port",
+                str(free_port()),
+                "--work-dir",
+                str(worker_dir),
+            )
+        )
+        self._wait(lambda state: state["aliveworkers"] > alive, f"worker {n}")
+
+    def kill9_worker(self) -> None:
+        """kill -9 the newest worker (its executors notice and exit)."""
+        worker = self.workers[-1]
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+
+    def state(self) -> dict[str, Any]:
+        answer: dict[str, Any] = httpx.get(f"http://{HOST}:{self.ui_port}/json/", timeout=5).json()
+        return answer
+
+    def alive_workers(self) -> int:
+        try:
+            return int(self.state()["aliveworkers"])
+        except httpx.HTTPError:
+            return 0
+
+    def applications(self) -> list[dict[str, Any]]:
+        state = self.state()
+        return [*state["activeapps"], *state["completedapps"]]
+
+    def stop(self) -> None:
+        for process in [*self.workers, self.master]:
+            if process is not None and process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(20)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(10)
+
+    def _launch(self, name: str, main_class: str, *args: str) -> subprocess.Popen[bytes]:
+        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+        return subprocess.Popen(
+            [str(SPARK_CLASS), main_class, *args],
+            env={**spark_env(), **self.env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def _wait(self, ready: Any, what: str, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if ready(self.state()):
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"{what} did not start; see {self.workdir}")
