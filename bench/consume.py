@@ -34,6 +34,7 @@ from procs import (  # noqa: E402
     fanout_process,
     file_create_us,
     free_port,
+    object_store,
     post,
     publish_timestamps,
     stop,
@@ -189,11 +190,18 @@ def main() -> int:
     )
     parser.add_argument("--only", choices=["throughput", "latency"])
     parser.add_argument("--consumers", default="1,8", help="consumer counts to run, e.g. 1,8")
+    parser.add_argument("--store", default="local", choices=["local", "s3"])
+    parser.add_argument("--store-delay-ms", type=float, default=20.0)
     args = parser.parse_args()
-    if args.only in (None, "throughput"):
-        throughput(args.backlog, [int(n) for n in args.consumers.split(",")])
-    if args.only in (None, "latency"):
-        latency(args.rate, args.seconds, args.warmup)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        object_store(args.store, args.store_delay_ms, Path(tmp)) as where,
+    ):
+        print(f"warehouse on {where}")
+        if args.only in (None, "throughput"):
+            throughput(args.backlog, [int(n) for n in args.consumers.split(",")])
+        if args.only in (None, "latency"):
+            latency(args.rate, args.seconds, args.warmup)
     return 0
 
 

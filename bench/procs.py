@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -9,10 +10,49 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
+
+# Where warehouses go when a benchmark runs on object storage (``object_store``): the URL
+# prefix and the store's variables; None: local disk.
+_store: tuple[str, dict[str, str]] | None = None
+
+
+@contextlib.contextmanager
+def object_store(kind: str, delay_ms: float, workdir: Path) -> Iterator[str]:
+    """With ``kind`` "s3", the processes started here keep their warehouses on moto's S3 server
+    behind a proxy adding ``delay_ms`` to every request; yields what to print about it."""
+    global _store
+    if kind == "local":
+        yield "local disk"
+        return
+    sys.path.insert(0, str(ROOT))
+    from tests.s3 import S3Server, StoreProxy, store_env
+
+    s3 = S3Server(free_port(), workdir / "moto.log").start()
+    proxy = StoreProxy(s3.port, delay_s=delay_ms / 1000).start()
+    try:
+        s3.create_bucket("deltaq-bench")
+        _store = ("s3://deltaq-bench", store_env(proxy.endpoint))
+        yield f"moto's S3 + {delay_ms:.0f} ms per request (loopback proxy)"
+    finally:
+        _store = None
+        proxy.stop()
+        s3.stop()
+
+
+def warehouse_arg(warehouse: Path) -> str:
+    """``--warehouse`` for a benchmark's warehouse directory (a URL on object storage)."""
+    if _store is None:
+        return str(warehouse)
+    return f"{_store[0]}/{warehouse.parent.name}-{warehouse.name}"
+
+
+def store_env() -> dict[str, str]:
+    return {} if _store is None else dict(_store[1])
 
 
 def free_port() -> int:
@@ -53,7 +93,7 @@ def api_process(
             "deltaq",
             "api",
             "--warehouse",
-            str(warehouse),
+            warehouse_arg(warehouse),
             "--port",
             str(port),
             "--tcp-port",
@@ -62,7 +102,7 @@ def api_process(
         cwd=ROOT,
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **store_env(), **(env or {})},
     )
     return _answering(proc, port, "API", 30)
 
@@ -87,11 +127,16 @@ def fanout_process(
     """``deltaq fanout`` (or, with ``module="jobs.embedded"``, the fanout and the sweep on one
     Spark as ``deltaq up`` runs them), logging to ``fanout.log`` beside the warehouse."""
     log = open(warehouse.parent / "fanout.log", "ab")  # noqa: SIM115 - owned by the child
+    env = store_env()
+    if _store is not None:
+        # This Spark has no S3A connector: the stream's checkpoint stays on local disk.
+        env["DELTAQ_FANOUT_CHECKPOINT"] = str(warehouse.parent / "fanout-checkpoint")
     return subprocess.Popen(
-        [sys.executable, "-m", module, "--warehouse", str(warehouse), *extra],
+        [sys.executable, "-m", module, "--warehouse", warehouse_arg(warehouse), *extra],
         cwd=ROOT,
         stdout=log,
         stderr=subprocess.STDOUT,
+        env={**os.environ, **env},
         start_new_session=True,  # SIGTERM/SIGKILL of the group reaches the JVM too
     )
 
