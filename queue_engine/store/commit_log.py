@@ -16,6 +16,12 @@ from urllib.parse import unquote
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
+from queue_engine.store.object_store import (
+    is_remote,
+    newest_commit_after,
+    read_object,
+    read_objects,
+)
 from queue_engine.store.tables import filesystem
 
 
@@ -50,6 +56,8 @@ def latest_version(root: str, known: int = -1) -> int:
         while os.path.exists(f"{base}/{commit_file(version + 1)}"):
             version += 1
         return version
+    if is_remote(root):
+        return newest_commit_after(root, version)
     fs, base = filesystem(root)
     while fs.get_file_info(f"{base}/{commit_file(version + 1)}").type == pafs.FileType.File:
         version += 1
@@ -59,33 +67,56 @@ def latest_version(root: str, known: int = -1) -> int:
 def messages_added(root: str, start_exclusive: int, end_inclusive: int) -> dict[int, int]:
     """Rows each version in ``(start_exclusive, end_inclusive]`` added (versions whose commit
     file is gone, after log cleanup, are left out)."""
-    counts: dict[int, int] = {}
-    for version in range(start_exclusive + 1, end_inclusive + 1):
-        try:
-            files = version_added_files(root, version)
-        except FileNotFoundError:
-            continue
-        counts[version] = sum(f.num_records or 0 for f in files)
-    return counts
+    versions = range(start_exclusive + 1, end_inclusive + 1)
+    added = versions_added_files(root, list(versions), missing_ok=True)
+    return {v: sum(f.num_records or 0 for f in files) for v, files in added.items()}
 
 
 def added_files(root: str, start_exclusive: int, end_inclusive: int) -> list[AddedFile]:
     """Data files that versions ``(start_exclusive, end_inclusive]`` added with dataChange."""
-    files: list[AddedFile] = []
-    for version in range(start_exclusive + 1, end_inclusive + 1):
-        files.extend(version_added_files(root, version))
-    return files
+    versions = list(range(start_exclusive + 1, end_inclusive + 1))
+    added = versions_added_files(root, versions)
+    return [f for v in versions for f in added[v]]
+
+
+def versions_added_files(
+    root: str, versions: list[int], *, missing_ok: bool = False
+) -> dict[int, list[AddedFile]]:
+    """``version_added_files`` of each version; on an object store the commit files are read
+    concurrently. A missing commit file raises, or with ``missing_ok`` is left out."""
+    if not is_remote(root):
+        found: dict[int, list[AddedFile]] = {}
+        for version in versions:
+            try:
+                found[version] = version_added_files(root, version)
+            except FileNotFoundError:
+                if not missing_ok:
+                    raise
+        return found
+    base = root.rstrip("/")
+    texts = read_objects([f"{base}/{commit_file(v)}" for v in versions])
+    result: dict[int, list[AddedFile]] = {}
+    for version, data in zip(versions, texts, strict=True):
+        if data is None:
+            if missing_ok:
+                continue
+            raise FileNotFoundError(f"{base}/{commit_file(version)}")
+        result[version] = _parse_added(root, version, data.decode())
+    return result
 
 
 def version_added_files(root: str, version: int) -> list[AddedFile]:
     """Data files that one version added with dataChange."""
-    if "://" not in root:
-        with open(f"{os.path.abspath(root)}/{commit_file(version)}", "rb") as f:
-            text = f.read().decode()
-    else:
-        fs, base = filesystem(root)
-        with fs.open_input_stream(f"{base}/{commit_file(version)}") as stream:
-            text = stream.read().decode()
+    if is_remote(root):
+        data = read_object(f"{root.rstrip('/')}/{commit_file(version)}")
+        if data is None:
+            raise FileNotFoundError(f"{root}/{commit_file(version)}")
+        return _parse_added(root, version, data.decode())
+    with open(f"{os.path.abspath(root)}/{commit_file(version)}", "rb") as f:
+        return _parse_added(root, version, f.read().decode())
+
+
+def _parse_added(root: str, version: int, text: str) -> list[AddedFile]:
     files: list[AddedFile] = []
     for line in text.splitlines():
         if not line.strip():
@@ -117,8 +148,12 @@ class AddedFilesCache:
 
     def added(self, root: str, start_exclusive: int, end_inclusive: int) -> list[AddedFile]:
         known = self._versions.setdefault(root, {})
+        wanted = range(start_exclusive + 1, end_inclusive + 1)
+        missing = [v for v in wanted if v not in known]
+        if len(missing) > 1:
+            known.update(versions_added_files(root, missing))
         files: list[AddedFile] = []
-        for version in range(start_exclusive + 1, end_inclusive + 1):
+        for version in wanted:
             added = known.get(version)
             if added is None:
                 added = known[version] = version_added_files(root, version)

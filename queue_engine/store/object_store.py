@@ -18,10 +18,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import threading
 import uuid
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig
@@ -113,3 +115,78 @@ def _first_line(exc: BaseException) -> str:
     if code:
         line = f"{code.group(1)} ({status.group(1) if status else 'error'}); {line}"
     return line
+
+
+# -- reading many small objects ----------------------------------------------------------
+#
+# Tailing a table on an object store means reading each new commit file (and each new data
+# file) once. Done one at a time through pyarrow's filesystem that is a HEAD and a GET per file,
+# one after the other, at tens of milliseconds each; here it is one GET per file, many at once.
+
+_READ_THREADS = 16
+_stores: dict[str, Any] = {}
+_stores_lock = threading.Lock()
+_readers: ThreadPoolExecutor | None = None
+
+
+def _split(url: str) -> tuple[Any, str]:
+    """The obstore store of ``url``'s bucket (one per bucket, shared) and the key in it."""
+    scheme, rest = url.split("://", 1)
+    bucket, _, key = rest.partition("/")
+    base = f"{scheme}://{bucket}"
+    with _stores_lock:
+        store = _stores.get(base)
+        if store is None:
+            from obstore.store import from_url
+
+            client: ClientConfig = {
+                "allow_http": os.environ.get("AWS_ALLOW_HTTP", "").lower() == "true"
+            }
+            store = _stores[base] = from_url(base, client_options=client)
+    return store, key
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _readers
+    with _stores_lock:
+        if _readers is None:
+            _readers = ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="deltaq-store-read")
+        return _readers
+
+
+def read_object(url: str) -> bytes | None:
+    """The whole object at ``url``; None if there is none."""
+    import obstore
+
+    store, key = _split(url)
+    try:
+        return bytes(obstore.get(store, key).bytes())
+    except FileNotFoundError:
+        return None
+
+
+def read_objects(urls: list[str]) -> list[bytes | None]:
+    """``read_object`` of each URL, concurrently, in order."""
+    if len(urls) <= 1:
+        return [read_object(u) for u in urls]
+    return list(_pool().map(read_object, urls))
+
+
+def newest_commit_after(table_url: str, known: int) -> int:
+    """The newest version of the table at ``table_url`` reached from ``known`` without a gap,
+    by one listing of its log from there (instead of a request per version)."""
+    import obstore
+
+    store, key = _split(table_url.rstrip("/"))
+    prefix = f"{key}/_delta_log/"
+    offset = f"{prefix}{known:020d}.json"
+    found = set()
+    for chunk in obstore.list(store, prefix=prefix, offset=offset, chunk_size=1000):
+        for meta in chunk:
+            name = str(meta["path"])[len(prefix) :]
+            if len(name) == 25 and name.endswith(".json") and name[:20].isdigit():
+                found.add(int(name[:20]))
+    version = known
+    while version + 1 in found:
+        version += 1
+    return version
