@@ -22,6 +22,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
@@ -30,6 +32,7 @@ from queue_engine.fanout import CHANNEL_COLUMNS, CHANNEL_WRITES, receivers, rout
 from queue_engine.registry import ChannelInfo, Registry
 from queue_engine.spark.session import Engine, checkpoint_location, engine
 from queue_engine.store.append_once import IdempotentAppender
+from queue_engine.store.object_store import StoreError
 from queue_engine.store.registry_store import RegistryReader
 from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, Warehouse, open_or_create
 
@@ -172,6 +175,47 @@ def channel_format_for(spark: SparkSession, channel_writes: str = "auto") -> str
     return None if channel_writes == "driver" else channel_writes
 
 
+class ForeignCheckpointError(StoreError):
+    """The fanout would start from an empty checkpoint over channels another run fed."""
+
+
+def refuse_foreign_history(warehouse: Warehouse, registry: Registry, location: str) -> None:
+    """Raise if a channel already records fanout batches while the checkpoint is empty.
+
+    Channel commits record the micro-batch id as an app transaction, and a batch id at or below
+    the recorded one is skipped as a replay. A new checkpoint numbers batches from 0 again, so
+    its first batches, which hold every message the old run had not fanned out yet, would be
+    skipped without a trace.
+    """
+    for topic, info in sorted(registry.topics.items()):
+        for name in sorted(info.channels):
+            path = warehouse.channel_messages_path(topic, name)
+            try:
+                recorded = DeltaTable(path).transaction_version(FANOUT_APP_ID)
+            except TableNotFoundError:
+                continue
+            if recorded is not None:
+                raise ForeignCheckpointError(
+                    f"channel {topic}/{name} holds fanout batches up to {recorded} from another "
+                    f"checkpoint, and {location} has none: starting there would skip new "
+                    "messages. Run the fanout with the checkpoint it ran with (--checkpoint, or "
+                    "the fanout_checkpoint setting)"
+                )
+
+
+def _has_offsets(spark: SparkSession, location: str) -> bool:
+    """Whether Spark's checkpoint at ``location`` has recorded any micro-batch."""
+    try:
+        jvm = spark.sparkContext._jvm
+        conf = spark.sparkContext._jsc.hadoopConfiguration()
+        path = jvm.org.apache.hadoop.fs.Path(f"{location.rstrip('/')}/offsets")  # type: ignore[union-attr]
+        fs = path.getFileSystem(conf)
+        return bool(fs.exists(path)) and len(fs.listStatus(path)) > 0
+    except Exception:
+        # A Spark Connect session has no JVM here: Spark itself validates the checkpoint.
+        return True
+
+
 def _prefetch(spark: SparkSession, prefetch: bool | None) -> bool:
     if prefetch is not None:
         return prefetch
@@ -233,6 +277,8 @@ def start_fanout(
             fanout_batch_by_spark(df, batch_id, registry_reader, warehouse, format_name, created)
 
     location = checkpoint_location(spark, checkpoint or f"{warehouse.checkpoints_root}/fanout")
+    if not _has_offsets(spark, location):
+        refuse_foreign_history(warehouse, registry_reader.get(), location)
     writer = source.writeStream.foreachBatch(each_batch).option("checkpointLocation", location)
     writer = (
         writer.trigger(availableNow=True) if once else writer.trigger(processingTime="0 seconds")

@@ -18,7 +18,11 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from queue_engine.spark.fanout_stream import fanout_batch_by_spark, start_fanout
+from queue_engine.spark.fanout_stream import (
+    ForeignCheckpointError,
+    fanout_batch_by_spark,
+    start_fanout,
+)
 from queue_engine.store.registry_store import RegistryReader
 from queue_engine.store.tables import Warehouse
 from tests.conftest import ROOT, Server
@@ -238,3 +242,23 @@ def test_fanout_killed_mid_stream_then_restarted_is_exactly_once(
         assert set(counts) == set(published)
         assert max(counts.values()) == 1
     client.close()
+
+
+def test_an_empty_checkpoint_over_fanned_out_channels_is_refused(
+    spark: SparkSession, server_factory: type[Server], tmp_path: Path
+) -> None:
+    """A new checkpoint numbers micro-batches from 0 again, and channels skip batch ids they
+    already recorded: starting one over channels another run fed would drop new messages."""
+    wh = tmp_path / "wh"
+    server = server_factory(wh).start()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        assert c.post("/topic/create", params={"topic": "t"}).status_code == 200
+        assert c.post("/channel/create", params={"topic": "t", "channel": "c"}).status_code == 200
+        assert c.post("/pub", params={"topic": "t"}, content=b"first").text == "OK"
+        run_once(spark, wh)
+        assert c.post("/pub", params={"topic": "t"}, content=b"second").text == "OK"
+    with pytest.raises(ForeignCheckpointError, match="channel t/c holds fanout batches up to 0"):
+        start_fanout(spark, Warehouse(str(wh)), once=True, checkpoint=str(tmp_path / "new"))
+    assert channel_bodies(wh, "t", "c") == [b"first"]
+    run_once(spark, wh)  # the checkpoint it ran with goes on where it stopped
+    assert channel_bodies(wh, "t", "c") == [b"first", b"second"]
