@@ -13,6 +13,10 @@ from pyspark.sql import SparkSession
 from queue_engine.spark.fanout_stream import start_fanout
 from queue_engine.store.tables import Warehouse
 from tests.conftest import Server
+from tests.s3 import S3Server, free_port, moto_server_command
+
+# The bucket the object-storage tests keep their warehouses in (each under its own prefix).
+BUCKET = "deltaq-tests"
 
 
 @pytest.fixture(scope="module")
@@ -33,3 +37,14 @@ def http(server: Server) -> Iterator[httpx.Client]:
     """A client of the module's server."""
     with httpx.Client(base_url=server.url, timeout=70) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """moto's S3 server as its own process on 127.0.0.1, with BUCKET created."""
+    if moto_server_command() is None:
+        pytest.skip("moto's S3 server is not installed (pip install 'moto[server]')")
+    server = S3Server(free_port(), tmp_path_factory.mktemp("moto") / "moto.log").start()
+    server.create_bucket(BUCKET)
+    yield server
+    server.stop()

@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,22 +25,12 @@ import pytest
 from deltalake import DeltaTable
 
 from queue_engine.store.tables import Warehouse
+from tests.acceptance.conftest import BUCKET
 from tests.conftest import ROOT, Server
 from tests.consumers import answer, body, channel_stats, create_channel, sub
 from tests.s3 import S3Server, StoreProxy, free_port, moto_server_command, store_env
 
 pytestmark = pytest.mark.slow
-BUCKET = "deltaq-tests"
-
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    if moto_server_command() is None:
-        pytest.skip("moto's S3 server is not installed (pip install 'moto[server]')")
-    server = S3Server(free_port(), tmp_path_factory.mktemp("moto") / "moto.log").start()
-    server.create_bucket(BUCKET)
-    yield server
-    server.stop()
 
 
 @dataclass
@@ -248,7 +237,7 @@ def test_fanout_refuses_a_checkpoint_spark_cannot_write(s3_server: S3Server) -> 
 def test_a_store_outage_under_load_answers_503_and_loses_nothing_acknowledged(
     s3_server: S3Server, tmp_path: Path
 ) -> None:
-    """The store goes away for 5 s while 4 producers publish (the proxy drops every request,
+    """The store goes away while 4 producers publish (the proxy drops every request,
     as an unreachable endpoint does; moto keeps its objects only in memory, so it is the
     proxy that stops, not moto). Publishes answer 503 E_COMMIT_FAILED meanwhile, the API
     recovers by itself, and every acknowledged message is in the topic table."""
@@ -279,7 +268,12 @@ def test_a_store_outage_under_load_answers_503_and_loses_nothing_acknowledged(
         time.sleep(1.5)
         before = len(acked)
         proxy.down = True
-        time.sleep(5.0)
+        # Until the store errors outlast the clients' retries and a publish is refused (a few
+        # seconds, depending on where each commit's retries stand), at most 20 s.
+        deadline = time.monotonic() + 20
+        while not refused and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)
         proxy.down = False
         time.sleep(2.0)
         stop.set()

@@ -19,31 +19,21 @@ import pytest
 from deltalake import DeltaTable
 
 from queue_engine.store.tables import Warehouse
+from tests.acceptance.conftest import BUCKET
 from tests.conftest import ROOT, Server
 from tests.consumers import create_channel
-from tests.s3 import S3Server, free_port, moto_server_command, store_env
+from tests.s3 import S3Server, store_env
 from tests.spark_cluster import SPARK_CLASS, SPARK_SUBMIT, SparkCluster, spark_env
 
 pytestmark = pytest.mark.slow
-BUCKET = "deltaq-cluster"
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    if moto_server_command() is None:
-        pytest.skip("moto's S3 server is not installed (pip install 'moto[server]')")
-    server = S3Server(free_port(), tmp_path_factory.mktemp("moto") / "moto.log").start()
-    server.create_bucket(BUCKET)
-    yield server
-    server.stop()
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, s3: S3Server) -> Iterator[SparkCluster]:
+def cluster(tmp_path: Path, s3_server: S3Server) -> Iterator[SparkCluster]:
     if not SPARK_CLASS.exists():
         pytest.skip(f"pyspark has no launcher at {SPARK_CLASS}")
     # Executors reach the store through the worker's environment, as on a real cluster.
-    c = SparkCluster(tmp_path / "spark", env=store_env(s3.endpoint))
+    c = SparkCluster(tmp_path / "spark", env=store_env(s3_server.endpoint))
     c.workdir.mkdir()
     try:
         yield c.start()
@@ -74,9 +64,9 @@ def channel_bodies(root: str, env: dict[str, str], topic: str, channel: str) -> 
 
 
 def test_fanout_and_sweep_run_on_the_cluster(
-    cluster: SparkCluster, s3: S3Server, tmp_path: Path
+    cluster: SparkCluster, s3_server: S3Server, tmp_path: Path
 ) -> None:
-    env = store_env(s3.endpoint)
+    env = store_env(s3_server.endpoint)
     root = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
     server = Server(tmp_path / "wh", env=env, warehouse_url=root).start()
     with httpx.Client(base_url=server.url, timeout=30) as c:
@@ -107,9 +97,9 @@ def test_fanout_and_sweep_run_on_the_cluster(
 
 
 def test_exactly_once_across_kill_9_of_the_worker_and_of_the_driver(
-    cluster: SparkCluster, s3: S3Server, tmp_path: Path
+    cluster: SparkCluster, s3_server: S3Server, tmp_path: Path
 ) -> None:
-    env = store_env(s3.endpoint)
+    env = store_env(s3_server.endpoint)
     root = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
     server = Server(tmp_path / "wh", env=env, warehouse_url=root).start()
     sent: list[bytes] = []
