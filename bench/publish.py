@@ -29,10 +29,8 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loadgen import LoadResult, run
-
-from tests.s3 import S3Server, StoreProxy, store_env
+from procs import object_store, store_env, warehouse_arg
 
 HOST = "127.0.0.1"
 BODY = b"x" * 200
@@ -103,17 +101,12 @@ def main() -> int:
     parser.add_argument("--store-delay-ms", type=float, default=20.0)
     args = parser.parse_args()
     port = _free_port()
-    with tempfile.TemporaryDirectory() as local:
-        env = {**os.environ, "DELTAQ_ACK": args.ack}
-        warehouse = local
-        s3: S3Server | None = None
-        proxy: StoreProxy | None = None
-        if args.store == "s3":
-            s3 = S3Server(_free_port(), Path(local) / "moto.log").start()
-            s3.create_bucket("deltaq-bench")
-            proxy = StoreProxy(s3.port, delay_s=args.store_delay_ms / 1000).start()
-            env.update(store_env(proxy.endpoint))
-            warehouse = "s3://deltaq-bench/wh"
+    with (
+        tempfile.TemporaryDirectory() as local,
+        object_store(args.store, args.store_delay_ms, Path(local)) as where,
+    ):
+        env = {**os.environ, **store_env(), "DELTAQ_ACK": args.ack}
+        warehouse = warehouse_arg(Path(local) / "wh")
         server = subprocess.Popen(
             [
                 sys.executable,
@@ -154,11 +147,6 @@ def main() -> int:
                 "pub64": ("/pub", "/pub?topic=bench_pub64", BODY, 1, 64),
                 "mpub16": ("/mpub x100", "/mpub?topic=bench_mpub", mpub_body, 100, 16),
             }
-            where = (
-                f"moto's S3 + {args.store_delay_ms:.0f} ms per request"
-                if args.store == "s3"
-                else "local disk"
-            )
             print(f"ack={args.ack}, {where}, {args.seconds:.0f} s per case, 200-byte messages")
             header = (
                 "case",
@@ -190,10 +178,6 @@ def main() -> int:
         finally:
             server.terminate()
             server.wait(30)
-            if proxy is not None:
-                proxy.stop()
-            if s3 is not None:
-                s3.stop()
     return 0
 
 

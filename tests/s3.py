@@ -35,6 +35,8 @@ class S3Server:
 
     port: int
     log_path: Path
+    # Extra environment of the server process (moto's own switches).
+    env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -47,7 +49,10 @@ class S3Server:
             raise RuntimeError("moto_server is not installed (pip install 'moto[server]')")
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
         self.process = subprocess.Popen(
-            [*command, "-H", HOST, "-p", str(self.port)], stdout=log, stderr=subprocess.STDOUT
+            [*command, "-H", HOST, "-p", str(self.port)],
+            env={**os.environ, **self.env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + _READY_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -87,9 +92,10 @@ def store_env(endpoint: str) -> dict[str, str]:
     }
 
 
-def storage_options(endpoint: str) -> dict[str, str]:
-    """The same, as delta-rs ``storage_options`` for reading tables from the test process."""
-    return {key.lower(): value for key, value in store_env(endpoint).items()}
+def storage_options(env: dict[str, str]) -> dict[str, str]:
+    """Store variables ``env`` as delta-rs ``storage_options``, for reading tables from the
+    test process (whose own environment does not point at the store)."""
+    return {key.lower(): value for key, value in env.items()}
 
 
 def client_arguments(endpoint: str) -> dict[str, str]:
@@ -233,7 +239,3 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
         return int(s.getsockname()[1])
-
-
-def environ_with(endpoint: str) -> dict[str, str]:
-    return {**os.environ, **store_env(endpoint)}

@@ -30,7 +30,12 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from queue_engine.fanout import CHANNEL_COLUMNS, CHANNEL_WRITES, receivers, route
 from queue_engine.registry import ChannelInfo, Registry
-from queue_engine.spark.session import Engine, checkpoint_location, engine
+from queue_engine.spark.session import (
+    Engine,
+    checkpoint_has_batches,
+    checkpoint_location,
+    engine,
+)
 from queue_engine.store.append_once import IdempotentAppender
 from queue_engine.store.object_store import StoreError
 from queue_engine.store.registry_store import RegistryReader
@@ -203,19 +208,6 @@ def refuse_foreign_history(warehouse: Warehouse, registry: Registry, location: s
                 )
 
 
-def _has_offsets(spark: SparkSession, location: str) -> bool:
-    """Whether Spark's checkpoint at ``location`` has recorded any micro-batch."""
-    try:
-        jvm = spark.sparkContext._jvm
-        conf = spark.sparkContext._jsc.hadoopConfiguration()
-        path = jvm.org.apache.hadoop.fs.Path(f"{location.rstrip('/')}/offsets")  # type: ignore[union-attr]
-        fs = path.getFileSystem(conf)
-        return bool(fs.exists(path)) and len(fs.listStatus(path)) > 0
-    except Exception:
-        # A Spark Connect session has no JVM here: Spark itself validates the checkpoint.
-        return True
-
-
 def _prefetch(spark: SparkSession, prefetch: bool | None) -> bool:
     if prefetch is not None:
         return prefetch
@@ -277,7 +269,7 @@ def start_fanout(
             fanout_batch_by_spark(df, batch_id, registry_reader, warehouse, format_name, created)
 
     location = checkpoint_location(spark, checkpoint or f"{warehouse.checkpoints_root}/fanout")
-    if not _has_offsets(spark, location):
+    if not checkpoint_has_batches(spark, location):
         refuse_foreign_history(warehouse, registry_reader.get(), location)
     writer = source.writeStream.foreachBatch(each_batch).option("checkpointLocation", location)
     writer = (

@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 from enum import StrEnum
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -161,14 +162,30 @@ class CheckpointLocationError(StoreError):
     """The streaming checkpoint cannot live where it was asked to."""
 
 
+def checkpoint_has_batches(spark: SparkSession, location: str) -> bool:
+    """Whether Spark's streaming checkpoint at ``location`` has recorded any micro-batch."""
+    try:
+        jvm, conf = _hadoop(spark)
+        path = jvm.org.apache.hadoop.fs.Path(f"{location.rstrip('/')}/offsets")
+        fs = path.getFileSystem(conf)
+        return bool(fs.exists(path)) and len(fs.listStatus(path)) > 0
+    except Exception:
+        # A Spark Connect session has no JVM here: Spark itself validates the checkpoint.
+        return True
+
+
 def _has_filesystem(spark: SparkSession, scheme: str) -> bool:
     try:
-        jvm = spark.sparkContext._jvm
-        conf = spark.sparkContext._jsc.hadoopConfiguration()
-        jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(scheme, conf)  # type: ignore[union-attr]
+        jvm, conf = _hadoop(spark)
+        jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(scheme, conf)
     except Exception:
         return False
     return True
+
+
+def _hadoop(spark: SparkSession) -> tuple[Any, Any]:
+    """The driver's JVM and Hadoop configuration (raises on a Spark Connect client)."""
+    return spark.sparkContext._jvm, spark.sparkContext._jsc.hadoopConfiguration()
 
 
 def remote_session(url: str) -> SparkSession:

@@ -233,57 +233,52 @@ def _read_files(
 
     Each batch handed to Spark has a fixed cost (measured ~10 ms), so one batch per small file
     made a 500-file micro-batch take seconds; and opening files one ``pq.read_table`` at a time
-    costs ~0.6 ms each, so one dataset scan reads them all (in parallel, in order) instead.
+    costs ~0.6 ms each, so all of them are read at once, in order (a dataset scan on local
+    disk; on an object store one GET per file, concurrently).
     """
     if not files:
         return
-    paths = [path for path, _, _ in files]
-    if is_remote(paths[0]):
-        yield from _read_remote_files(files, schema, with_topic)
-        return
-    dataset = parquet_dataset(paths, TOPIC_SCHEMA if with_topic else schema)
-    if not with_topic:
-        table = dataset.to_table()
-    else:
-        owners = {filesystem(path)[1]: (topic, version) for path, topic, version in files}
-        batches: list[pa.RecordBatch] = []
-        topics: list[str | None] = []
-        versions: list[int] = []
-        for tagged in dataset.scanner().scan_batches():
-            batch = tagged.record_batch
-            topic, version = owners[tagged.fragment.path]
-            batches.append(batch)
+    file_schema = TOPIC_SCHEMA if with_topic else schema
+    read = _remote_batches if is_remote(files[0][0]) else _local_batches
+    batches: list[pa.RecordBatch] = []
+    topics: list[str | None] = []
+    versions: list[int] = []
+    for batch, topic, version in read(files, file_schema):
+        batches.append(batch)
+        if with_topic:
             topics.extend([topic] * batch.num_rows)
             versions.extend([version] * batch.num_rows)
-        table = pa.Table.from_batches(batches, schema=TOPIC_SCHEMA)
+    table = pa.Table.from_batches(batches, schema=file_schema)
+    if with_topic:
         table = table.add_column(0, "topic", pa.array(topics, pa.string()))
         table = table.append_column("topic_version", pa.array(versions, pa.int64()))
     combined = table.cast(schema).combine_chunks()
     yield from combined.to_batches(max_chunksize=_BATCH_ROWS)
 
 
-def _read_remote_files(
-    files: Sequence[FileRef], schema: pa.Schema, with_topic: bool
-) -> Iterator[pa.RecordBatch]:
-    """``_read_files`` on an object store: each data file fetched whole with one GET, all of
-    them at once (a dataset scan asks a HEAD and two ranged GETs per file)."""
+def _local_batches(
+    files: Sequence[FileRef], file_schema: pa.Schema
+) -> Iterator[tuple[pa.RecordBatch, str | None, int]]:
+    """Each file's batches with its topic and version, through one dataset scan."""
+    owners = {filesystem(path)[1]: (topic, version) for path, topic, version in files}
+    dataset = parquet_dataset([path for path, _, _ in files], file_schema)
+    for tagged in dataset.scanner().scan_batches():
+        topic, version = owners[tagged.fragment.path]
+        yield tagged.record_batch, topic, version
+
+
+def _remote_batches(
+    files: Sequence[FileRef], file_schema: pa.Schema
+) -> Iterator[tuple[pa.RecordBatch, str | None, int]]:
+    """The same from an object store: each file fetched whole with one GET, all at once (a
+    dataset scan asks a HEAD and two ranged GETs per file, one file after another)."""
     datas = read_objects([path for path, _, _ in files])
-    tables = []
     for (path, topic, version), data in zip(files, datas, strict=True):
         if data is None:
             raise FileNotFoundError(path)
-        table = pq.read_table(pa.BufferReader(data))
-        if with_topic:
-            table = table.select(TOPIC_SCHEMA.names).cast(TOPIC_SCHEMA)
-            table = table.add_column(0, "topic", pa.array([topic] * table.num_rows, pa.string()))
-            table = table.append_column(
-                "topic_version", pa.array([version] * table.num_rows, pa.int64())
-            )
-        else:
-            table = table.select(schema.names)
-        tables.append(table)
-    combined = pa.concat_tables(tables).cast(schema).combine_chunks()
-    yield from combined.to_batches(max_chunksize=_BATCH_ROWS)
+        table = pq.read_table(pa.BufferReader(data)).select(file_schema.names).cast(file_schema)
+        for batch in table.to_batches():
+            yield batch, topic, version
 
 
 # Rows per Arrow batch handed to Spark: large enough to amortise the per-batch cost, small

@@ -19,7 +19,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,12 +30,9 @@ from deltalake.transaction import CommitProperties, PostCommitHookProperties, Tr
 
 from queue_engine import __version__
 from queue_engine.store.commit_log import latest_version
-from queue_engine.store.object_store import is_remote
+from queue_engine.store.object_store import is_remote, store_and_key
 from queue_engine.store.put_if_absent import move_if_absent
 from queue_engine.store.spare_files import SpareFiles
-
-if TYPE_CHECKING:
-    from obstore.store import ClientConfig
 
 log = logging.getLogger(__name__)
 
@@ -168,14 +165,14 @@ class ObjectStoreAppender:
     """
 
     def __init__(self, path: str, version: int | None = None) -> None:
-        from obstore.store import from_url
-
         self.path = path.rstrip("/")
-        self._store = from_url(self.path, client_options=client_options())
+        self._store, key = store_and_key(self.path)
+        self._prefix = f"{key}/" if key else ""
         self._next_version = (DeltaTable(path).version() if version is None else version) + 1
 
     def reopen(self) -> None:
-        self._next_version = DeltaTable(self.path).version() + 1
+        # One listing from the versions known: opening the table would replay its log.
+        self._next_version = latest_version(self.path, self._next_version - 1) + 1
 
     def close(self) -> None:
         pass
@@ -189,11 +186,11 @@ class ObjectStoreAppender:
         pq.write_table(table, buffer, compression="snappy")
         data = buffer.getvalue()
         # An object appears whole or not at all: no half-written data file is ever visible.
-        obstore.put(self._store, name, data.to_pybytes())
+        obstore.put(self._store, self._prefix + name, data.to_pybytes())
         entry = blind_append_entry(name, data.size, table, txn)
         version = self._next_version
         for _ in range(_MAX_COMMIT_RACES):
-            key = f"_delta_log/{version:020d}.json"
+            key = f"{self._prefix}_delta_log/{version:020d}.json"
             try:
                 obstore.put(self._store, key, entry, mode="create")
             except AlreadyExistsError:
@@ -206,11 +203,6 @@ class ObjectStoreAppender:
             self._next_version = version + 1
             return version
         raise CommitFailedError(f"no free version in {self.path}/_delta_log")
-
-
-def client_options() -> ClientConfig:
-    """obstore's HTTP client as delta-rs's: plain HTTP only where ``AWS_ALLOW_HTTP`` says so."""
-    return {"allow_http": os.environ.get("AWS_ALLOW_HTTP", "").lower() == "true"}
 
 
 def add_action(

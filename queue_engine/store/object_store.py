@@ -69,9 +69,9 @@ def check_store(root: str) -> None:
     from obstore.store import from_url
 
     client: ClientConfig = {
+        **client_options(),
         "connect_timeout": timedelta(seconds=5),
         "timeout": timedelta(seconds=10),
-        "allow_http": os.environ.get("AWS_ALLOW_HTTP", "").lower() == "true",
     }
     # A start-time check must fail in seconds, not after object_store's 3 minutes of retries.
     retry: RetryConfig = {"max_retries": 2, "retry_timeout": timedelta(seconds=10)}
@@ -129,7 +129,12 @@ _stores_lock = threading.Lock()
 _readers: ThreadPoolExecutor | None = None
 
 
-def _split(url: str) -> tuple[Any, str]:
+def client_options() -> ClientConfig:
+    """obstore's HTTP client as delta-rs's: plain HTTP only where ``AWS_ALLOW_HTTP`` says so."""
+    return {"allow_http": os.environ.get("AWS_ALLOW_HTTP", "").lower() == "true"}
+
+
+def store_and_key(url: str) -> tuple[Any, str]:
     """The obstore store of ``url``'s bucket (one per bucket, shared) and the key in it."""
     scheme, rest = url.split("://", 1)
     bucket, _, key = rest.partition("/")
@@ -139,10 +144,7 @@ def _split(url: str) -> tuple[Any, str]:
         if store is None:
             from obstore.store import from_url
 
-            client: ClientConfig = {
-                "allow_http": os.environ.get("AWS_ALLOW_HTTP", "").lower() == "true"
-            }
-            store = _stores[base] = from_url(base, client_options=client)
+            store = _stores[base] = from_url(base, client_options=client_options())
     return store, key
 
 
@@ -158,7 +160,7 @@ def read_object(url: str) -> bytes | None:
     """The whole object at ``url``; None if there is none."""
     import obstore
 
-    store, key = _split(url)
+    store, key = store_and_key(url)
     try:
         return bytes(obstore.get(store, key).bytes())
     except FileNotFoundError:
@@ -177,7 +179,7 @@ def newest_commit_after(table_url: str, known: int) -> int:
     by one listing of its log from there (instead of a request per version)."""
     import obstore
 
-    store, key = _split(table_url.rstrip("/"))
+    store, key = store_and_key(table_url.rstrip("/"))
     prefix = f"{key}/_delta_log/"
     offset = f"{prefix}{known:020d}.json"
     found = set()

@@ -22,7 +22,7 @@ from queue_engine.store.tables import Warehouse
 from tests.acceptance.conftest import BUCKET
 from tests.conftest import ROOT, Server
 from tests.consumers import create_channel
-from tests.s3 import S3Server, store_env
+from tests.s3 import S3Server, storage_options, store_env
 from tests.spark_cluster import SPARK_CLASS, SPARK_SUBMIT, SparkCluster, spark_env
 
 pytestmark = pytest.mark.slow
@@ -55,10 +55,11 @@ def driver(
 
 
 def channel_bodies(root: str, env: dict[str, str], topic: str, channel: str) -> list[bytes]:
-    options = {k.lower(): v for k, v in env.items()}
     path = Warehouse(root).channel_messages_path(topic, channel)
     rows: list[bytes] = (
-        DeltaTable(path, storage_options=options).to_pyarrow_table()["body"].to_pylist()
+        DeltaTable(path, storage_options=storage_options(env))
+        .to_pyarrow_table()["body"]
+        .to_pylist()
     )
     return rows
 
