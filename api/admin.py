@@ -7,7 +7,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
-from api.responses import error_doc, ok_empty
+from api.dead_letters import MaxAttempts, parse_max_attempts
+from api.responses import CHANNEL_CODES, error_doc, ok_empty
 from api.state import broker_of
 from queue_engine.broker import Broker
 from queue_engine.errors import ErrorCode, QueueError
@@ -21,14 +22,7 @@ _OK: dict[int | str, dict[str, Any]] = {200: {"description": "Done (empty body, 
 _TOPIC_ERRORS = error_doc(
     ErrorCode.MISSING_ARG_TOPIC, ErrorCode.INVALID_TOPIC, ErrorCode.TOPIC_NOT_FOUND
 )
-_CHANNEL_ERRORS = error_doc(
-    ErrorCode.MISSING_ARG_TOPIC,
-    ErrorCode.INVALID_ARG_TOPIC,
-    ErrorCode.MISSING_ARG_CHANNEL,
-    ErrorCode.INVALID_ARG_CHANNEL,
-    ErrorCode.TOPIC_NOT_FOUND,
-    ErrorCode.CHANNEL_NOT_FOUND,
-)
+_CHANNEL_ERRORS = error_doc(*CHANNEL_CODES)
 
 
 def _existing_name(topic: str | None) -> str:
@@ -106,13 +100,23 @@ async def _channel_op(
 @router.post(
     "/channel/create",
     summary="Create a channel; it receives every message published from now on",
-    responses={**_OK, **_CHANNEL_ERRORS},
+    responses={**_OK, **error_doc(*CHANNEL_CODES, ErrorCode.INVALID_MAX_ATTEMPTS)},
     response_class=Response,
 )
 async def channel_create(
-    request: Request, topic: Topic = None, channel: Channel = None
+    request: Request,
+    topic: Topic = None,
+    channel: Channel = None,
+    max_attempts: MaxAttempts = None,
 ) -> Response:
-    return await _channel_op(request, topic, channel, lambda b, t, c: b.create_channel(t, c))
+    topic_name, channel_name = require_topic_channel(topic, channel)
+    broker = broker_of(request)
+    # Checked before anything is created: a refused request changes nothing.
+    limit = parse_max_attempts(max_attempts) if max_attempts is not None else None
+    await broker.create_channel(topic_name, channel_name)
+    if max_attempts is not None:
+        await broker.configure_channel(topic_name, channel_name, max_attempts=limit)
+    return ok_empty()
 
 
 @router.post(

@@ -15,7 +15,17 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Match
 
-from api import admin, config, console, consume, info, metrics, openapi, publish
+from api import (
+    admin,
+    config,
+    console,
+    consume,
+    dead_letters,
+    info,
+    metrics,
+    openapi,
+    publish,
+)
 from api.auth import Authenticator, AuthGate
 from api.fastpath import FastPath
 from api.responses import error, from_queue_error
@@ -94,6 +104,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(publish.router)
     app.include_router(consume.router)
     app.include_router(admin.router)
+    app.include_router(dead_letters.router)
     app.include_router(info.router)
     app.include_router(config.router)
     app.include_router(metrics.router)

@@ -93,6 +93,9 @@ def _topic_json(t: TopicStats) -> dict[str, Any]:
                 "message_count": c.message_count,
                 "requeue_count": c.requeue_count,
                 "timeout_count": c.timeout_count,
+                # deltaq: messages dead-lettered (max_attempts reached) and not redriven.
+                "dead_count": c.dead_count,
+                "max_attempts": c.max_attempts,
                 "client_count": c.client_count,
                 "clients": [_client_json(k) for k in c.clients],
                 "paused": c.paused,
@@ -154,6 +157,7 @@ def _text(stats: list[TopicStats], started_at: float) -> str:
                 f"{cprefix}[{c.name:<25}] depth: {c.depth:<5} be-depth: {c.depth:<5} "
                 f"inflt: {c.in_flight_count:<4} def: {c.deferred_count:<4} "
                 f"re-q: {c.requeue_count:<5} timeout: {c.timeout_count:<5} "
+                f"dead: {c.dead_count:<5} "
                 f"msgs: {c.message_count:<8} e2e%: "
             )
     lines += ["", "Producers: None", ""]

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from api.consume import MAX_CONSUMER_CHARS, MAX_WAIT_MS, MIN_MSG_TIMEOUT_MS
+from api.dead_letters import MAX_ATTEMPTS_LIMIT
 from queue_engine.names import MAX_NAME_LENGTH
 from queue_engine.settings import Settings
 
@@ -25,6 +26,9 @@ NAME = {"type": "string", "pattern": NAME_PATTERN, "minLength": 1, "maxLength": 
 ANSWER_LINES = r"^([0-9a-f]{16} [0-9]{1,9}-[0-9a-f]{12}\n)+$"
 # Operations whose topic/channel are filters, not targets.
 _OPTIONAL_NAMES = {"/stats"}
+# Query parameters FastAPI sees as optional (the handler answers their absence with nsqd's
+# codes) that an operation needs.
+_REQUIRED = {("/channel/configure", "max_attempts")}
 _ERROR: dict[str, Any] = {
     "type": "object",
     "properties": {"message": {"type": "string"}},
@@ -46,6 +50,12 @@ def _parameters(settings: Settings) -> dict[str, dict[str, Any]]:
         "consumer": {"type": "string", "minLength": 1, "maxLength": MAX_CONSUMER_CHARS},
         "delay_ms": _integer(0, settings.max_req_timeout_ms),
         "id": {"type": "string", "pattern": "^[0-9a-f]{16}$"},
+        "max_attempts": {
+            "anyOf": [
+                {"type": "integer", "minimum": 1, "maximum": MAX_ATTEMPTS_LIMIT},
+                {"type": "string", "enum": ["default"]},
+            ]
+        },
     }
 
 
@@ -106,6 +116,8 @@ def refine(schema: dict[str, Any], settings: Settings) -> dict[str, Any]:
                     parameter["schema"] = dict(NAME)
                 elif name in params and parameter.get("in") == "query":
                     parameter["schema"] = dict(params[name])
+                if (path, name) in _REQUIRED:
+                    parameter["required"] = True
                 if description:
                     parameter["schema"]["description"] = description
             responses = operation.setdefault("responses", {})

@@ -25,6 +25,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.INVALID_VALUE: 400,
     ErrorCode.MSG_EMPTY: 400,
     ErrorCode.INVALID_DEFER: 400,
+    ErrorCode.INVALID_MAX_ATTEMPTS: 400,
     ErrorCode.MSG_TOO_BIG: 413,
     ErrorCode.BODY_TOO_BIG: 413,
     # nsqd answers every binary /mpub framing error with 413.
@@ -39,6 +40,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.E_FIN_FAILED: 409,
     ErrorCode.E_REQ_FAILED: 409,
     ErrorCode.E_TOUCH_FAILED: 409,
+    ErrorCode.E_REDRIVE_FAILED: 409,
     # A cap of the settings: the request can never succeed as it is (raise the cap).
     ErrorCode.E_TOO_MANY_TOPICS: 403,
     ErrorCode.E_TOO_MANY_CHANNELS: 403,
@@ -50,6 +52,16 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.E_COMMIT_FAILED: 503,
     ErrorCode.EXITING: 503,
 }
+
+# What nsqd's /channel/* handlers can answer about their topic and channel arguments.
+CHANNEL_CODES = (
+    ErrorCode.MISSING_ARG_TOPIC,
+    ErrorCode.INVALID_ARG_TOPIC,
+    ErrorCode.MISSING_ARG_CHANNEL,
+    ErrorCode.INVALID_ARG_CHANNEL,
+    ErrorCode.TOPIC_NOT_FOUND,
+    ErrorCode.CHANNEL_NOT_FOUND,
+)
 
 
 def ok_text(text: str = "OK") -> Response:

@@ -282,6 +282,31 @@ class Broker:
         if runtime is not None and not paused:
             await runtime.wake()
 
+    async def configure_channel(
+        self, topic: str, channel: str, *, max_attempts: int | None
+    ) -> None:
+        """Set the channel's max_attempts (None: back to the settings' default)."""
+        async with self._admin:
+            info = self.registry.existing_channel(topic, channel)
+            if info.max_attempts != max_attempts:
+                await self._record(
+                    Action.CHANNEL_CONFIGURE,
+                    topic,
+                    channel,
+                    options={"max_attempts": max_attempts},
+                )
+        runtime = self._channels.get((topic, channel))
+        if runtime is not None:
+            runtime.set_max_attempts(self._max_attempts(topic, channel))
+
+    def _max_attempts(self, topic: str, channel: str) -> int:
+        info = self.registry.existing_channel(topic, channel)
+        return self.settings.max_attempts if info.max_attempts is None else info.max_attempts
+
+    async def redrive(self, topic: str, channel: str, ids: list[str] | None) -> int:
+        """Dead letters of the channel (``ids``, or all) become ready with attempts reset."""
+        return await self.channel(topic, channel).redrive(ids)
+
     async def empty_channel(self, topic: str, channel: str) -> None:
         async with self._admin:
             self.registry.existing_channel(topic, channel)
@@ -366,7 +391,9 @@ class Broker:
             channel,
             self.warehouse.channel_messages_path(topic, channel),
             self.warehouse.channel_ledger_path(topic, channel),
+            self.warehouse.channel_dead_path(topic, channel),
             state_path=self.warehouse.channel_state_path(topic, channel),
+            max_attempts=self._max_attempts(topic, channel),
             scan_leases=self.settings.scan_leases,
             mem_queue_size=self.settings.mem_queue_size,
             is_paused=lambda: self._channel_paused(topic, channel),
@@ -512,6 +539,8 @@ class Broker:
             clients=tuple(counts.clients),
             fanned_topic_version=runtime.fanned_topic_version,
             finish_count=counts.finish_count,
+            dead_count=counts.dead_count,
+            max_attempts=runtime.max_attempts,
             table_version=counts.table_version,
             ledger_version=counts.ledger_version,
         )
@@ -545,11 +574,17 @@ class Broker:
         *,
         topic_version: int | None = None,
         topic_messages: int | None = None,
+        options: dict[str, Any] | None = None,
     ) -> None:
         """Commit a registry event, then apply it: memory never runs ahead of the table."""
         assert self._registry_store is not None, "broker not started"
         event = self._event(
-            action, topic, channel, topic_version=topic_version, topic_messages=topic_messages
+            action,
+            topic,
+            channel,
+            topic_version=topic_version,
+            topic_messages=topic_messages,
+            options=options,
         )
         await asyncio.to_thread(self._registry_store.append, event)
         self.registry.apply(event)
@@ -562,6 +597,7 @@ class Broker:
         *,
         topic_version: int | None,
         topic_messages: int | None,
+        options: dict[str, Any] | None = None,
     ) -> RegistryEvent:
         return RegistryEvent(
             seq=self.registry.next_seq(),
@@ -571,6 +607,7 @@ class Broker:
             channel=channel,
             topic_version=topic_version,
             topic_messages=topic_messages,
+            options=options,
         )
 
 

@@ -27,6 +27,7 @@ from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.lease import EventKind, LeaseEvent
 from queue_engine.store.channel_reader import ChannelReader
 from queue_engine.store.commit_log import commit_file
+from queue_engine.store.dead_letters import DeadLetterStore
 from queue_engine.store.group_commit import WriterClosedError
 from queue_engine.store.ledger import (
     LedgerWriter,
@@ -79,6 +80,7 @@ class ChannelCounts:
     timeout_count: int
     clients: list[ConsumerSeen]
     finish_count: int = 0
+    dead_count: int = 0
     table_version: int = -1
     ledger_version: int = -1
 
@@ -96,8 +98,10 @@ class ChannelRuntime:
         channel: str,
         messages_path: str,
         ledger_path: str,
+        dead_path: str,
         *,
         state_path: str | None = None,
+        max_attempts: int = 0,
         scan_leases: bool = True,
         mem_queue_size: int,
         is_paused: Callable[[], bool],
@@ -118,7 +122,12 @@ class ChannelRuntime:
         self._notify = notify
         # Told when a consumer starts waiting here: the broker then ticks this channel often.
         self._on_waiting = on_waiting
-        self.queue = ChannelQueue()
+        self.max_attempts = max_attempts
+        self.queue = self._new_queue()
+        self._dead = DeadLetterStore(dead_path)
+        # Held from taking dead letters until their DEAD events are submitted, and by a
+        # redrive: a REDRIVE never reaches the ledger before the DEAD it undoes.
+        self._burying = asyncio.Lock()
         self._reader = ChannelReader(messages_path)
         # Unread rows of messages the ledger already knew (they are not depth).
         self._known_unread = 0
@@ -155,6 +164,7 @@ class ChannelRuntime:
                 now_us(),
             )
             self.queue, self._reader = restored.queue, restored.reader
+            self.queue.max_attempts = self.max_attempts
             self._known_unread = restored.known_unread
             self._ledger_seen = restored.ledger_version
             self._broken = False
@@ -166,6 +176,17 @@ class ChannelRuntime:
         await self.wake()
         if self._writer is not None:
             await self._writer.aclose()
+        await asyncio.to_thread(self._dead.close)
+
+    def set_max_attempts(self, max_attempts: int) -> None:
+        """Deliveries a message may have from now on (0: no limit); dead letters stay dead."""
+        self.max_attempts = max_attempts
+        self.queue.max_attempts = max_attempts
+
+    def _new_queue(self) -> ChannelQueue:
+        queue = ChannelQueue()
+        queue.max_attempts = self.max_attempts
+        return queue
 
     def request_reopen(self) -> None:
         if self._writer is not None:
@@ -199,8 +220,11 @@ class ChannelRuntime:
                 deliveries, events = self.queue.take(wanted, now_us(), lease_us, consumer)
                 if self.queue.body_wanted:
                     self._fetch_bodies()
-                if deliveries:
+                if self.queue.dying:
+                    await self._bury(events)
+                elif events:
                     await self._write(events)
+                if deliveries:
                     client.delivered += len(deliveries)
                     client.last_seen = time.monotonic()
                     return deliveries
@@ -258,6 +282,40 @@ class ChannelRuntime:
         if kind is EventKind.REQ and any(e.deliver_at_us is None for e in events):
             self._wake_soon()
         return self._submit(events)
+
+    async def redrive(self, ids: list[str] | None) -> int:
+        """Make the dead messages named (None: all) ready again with their attempts reset, in
+        one ledger commit (all or none: ``SettleError``); returns how many."""
+        if self._broken:
+            raise QueueError(ErrorCode.E_COMMIT_FAILED, "channel is reloading")
+        async with self._burying:
+            wanted = sorted(self.queue.dead) if ids is None else ids
+            if not wanted:
+                return 0
+            bodies = await asyncio.to_thread(self._dead.bodies, wanted)
+            if self._broken:
+                raise QueueError(ErrorCode.E_COMMIT_FAILED, "channel is reloading")
+            events = self.queue.redrive(wanted, now_us())
+            # Bodies come back from the dead-letter table (the queue dropped them); any not
+            # found there are read from the channel table on demand.
+            self.queue.attach_bodies(
+                bodies["id"].to_pylist(),
+                bodies["body"].to_pylist(),
+                bodies["published_at"].cast(pa.int64()).to_pylist(),
+            )
+            done = self._submit(events)
+        await done
+        if self.waiting:
+            await self.wake()
+        return len(events)
+
+    async def dead_letters(self, limit: int) -> pa.Table:
+        """The channel's current dead letters (at most ``limit``, longest dead first)."""
+        dead = sorted(self.queue.dead)
+        if not dead:
+            return await asyncio.to_thread(self._dead.latest, [])
+        table = await asyncio.to_thread(self._dead.latest, dead)
+        return table.slice(0, limit)
 
     # -- background work (called by the broker's pump) ---------------------------------------
 
@@ -406,6 +464,7 @@ class ChannelRuntime:
             timeout_count=self.queue.timeout_count,
             clients=sorted(self._clients.values(), key=lambda c: c.name),
             finish_count=self.queue.finish_count,
+            dead_count=len(self.queue.dead),
             table_version=self._reader.version,
             ledger_version=self._writer.version if self._writer is not None else -1,
         )
@@ -418,6 +477,24 @@ class ChannelRuntime:
 
     async def _write(self, events: list[LeaseEvent]) -> None:
         await self._submit(events)
+
+    async def _bury(self, events: list[LeaseEvent]) -> None:
+        """Commit what ``take`` dead-lettered to the dead-letter table, then ``events`` (its
+        DEAD events and any deliveries) to the ledger. If the dead letters cannot be written,
+        the queue is rebuilt from the tables (where those messages are not dead)."""
+        dying, self.queue.dying = self.queue.dying, []
+        async with self._burying:
+            try:
+                await asyncio.to_thread(self._dead.append, dying)
+            except Exception as exc:
+                log.error("%s/%s: dead letters not written: %s", self.topic, self.channel, exc)
+                self._fail()
+                raise QueueError(ErrorCode.E_COMMIT_FAILED, str(exc)) from exc
+            if self._broken:
+                raise QueueError(ErrorCode.E_COMMIT_FAILED, "channel is reloading")
+            done = self._submit(events)
+        log.info("%s/%s: %d messages dead-lettered", self.topic, self.channel, len(dying))
+        await done
 
     def _submit(self, events: list[LeaseEvent]) -> Awaitable[None]:
         """Hand ``events`` to the ledger writer now; the awaitable ends with their commit."""

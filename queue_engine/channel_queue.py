@@ -32,6 +32,19 @@ class Delivery(NamedTuple):
     lease: str
 
 
+class DeadLetter(NamedTuple):
+    """A message ``take`` moved to the dead-letter table instead of delivering it."""
+
+    id: str
+    body: bytes
+    published_at_us: int
+    attempts: int
+    last_consumer: str | None
+    # What ended its last attempt: TIMEOUT or REQ.
+    last_event: str
+    dead_at_us: int
+
+
 class Answer(NamedTuple):
     """One FIN/REQ/TOUCH target: a message id and the lease the consumer holds."""
 
@@ -76,6 +89,13 @@ class ChannelQueue:
         self._expiries: list[tuple[int, str, int]] = []
         self.in_flight: set[str] = set()
         self.deferred: set[str] = set()
+        # Dead-lettered messages (kept, without bodies, until redriven).
+        self.dead: set[str] = set()
+        # Deliveries a message may have (0: no limit). ``take`` dead-letters a ready message
+        # that had them all instead of delivering it again, into ``dying`` (the caller writes
+        # them to the dead-letter table, then their DEAD events to the ledger).
+        self.max_attempts = 0
+        self.dying: list[DeadLetter] = []
         # Finished messages whose rows may still be read (from the table as it was at restore):
         # skipped when read. Not needed once every row of that snapshot has been read.
         self._finished: set[str] = set()
@@ -97,7 +117,7 @@ class ChannelQueue:
 
     @property
     def ready_count(self) -> int:
-        return len(self.states) - len(self.in_flight) - len(self.deferred)
+        return len(self.states) - len(self.in_flight) - len(self.deferred) - len(self.dead)
 
     def has_ready(self) -> bool:
         return self.ready_count > 0
@@ -152,7 +172,7 @@ class ChannelQueue:
                     self._unstarted.discard(message_id)
                 elif message_id not in self.states:
                     continue  # FIN'd before the state was written
-            if message_id in self._finished:
+            if message_id in self._finished or message_id in self.dead:
                 continue
             known = message_id in self.states
             self._bodies[message_id] = (body, published)
@@ -169,7 +189,7 @@ class ChannelQueue:
         not come back as a new message). Returns how many were attached."""
         attached = 0
         for message_id, body, published in zip(ids, bodies, published_at_us, strict=True):
-            if message_id in self.states:
+            if message_id in self.states and message_id not in self.dead:
                 self._bodies[message_id] = (body, published)
                 self.body_wanted.discard(message_id)
                 attached += 1
@@ -185,7 +205,11 @@ class ChannelQueue:
         In-flight messages get theirs when the reader passes their rows, or on demand
         (``body_wanted``) if their lease ends first: a restart with a million leases out does
         not read a million bodies."""
-        return [m for m in self.states if m not in self._bodies and m not in self.in_flight]
+        return [
+            m
+            for m in self.states
+            if m not in self._bodies and m not in self.in_flight and m not in self.dead
+        ]
 
     # -- consuming ---------------------------------------------------------------------------
 
@@ -207,14 +231,18 @@ class ChannelQueue:
         ready, states, bodies = self._ready, self.states, self._bodies
         in_flight, deferred, expiries = self.in_flight, self.deferred, self._expiries
         expires_at = at + lease_us
+        max_attempts = self.max_attempts
         while len(deliveries) < limit and ready:
             message_id = ready.popleft()
             state = states.get(message_id)
-            if state is None or message_id in in_flight or message_id in deferred:
+            if state is None or message_id in in_flight or message_id in deferred or state.dead:
                 continue  # a stale FIFO entry
             body = bodies.get(message_id)
             if body is None:
                 skipped.append(message_id)  # its row is not loaded yet
+                continue
+            if max_attempts and state.attempts >= max_attempts:
+                events.append(self._kill(message_id, state, body, at))
                 continue
             attempt = state.attempts + 1
             lease = new_lease(attempt)
@@ -233,6 +261,40 @@ class ChannelQueue:
         self._ready.extendleft(reversed(skipped))
         self.body_wanted.update(skipped)
         return deliveries, events
+
+    def _kill(
+        self, message_id: str, state: MessageState, body: tuple[bytes, int], at: int
+    ) -> LeaseEvent:
+        """Dead-letter a ready message that had all its attempts (at event time ``at``)."""
+        event = LeaseEvent(message_id, EventKind.DEAD, state.attempts, at)
+        self.dying.append(
+            DeadLetter(
+                message_id,
+                body[0],
+                body[1],
+                state.attempts,
+                state.lease_owner,
+                EventKind.TIMEOUT.value if state.timed_out else EventKind.REQ.value,
+                at,
+            )
+        )
+        self._set(message_id, apply(state, event), at)
+        return event
+
+    def redrive(self, ids: Iterable[str] | None, now_us: int) -> list[LeaseEvent]:
+        """REDRIVE the dead messages named (all of them: None); they become ready with their
+        attempts reset. A named id that is not dead fails the whole call (SettleError)."""
+        wanted = sorted(self.dead) if ids is None else list(dict.fromkeys(ids))
+        failed = [m for m in wanted if m not in self.dead]
+        if failed:
+            raise SettleError(failed)
+        at = self.clock(now_us)
+        events = []
+        for message_id in wanted:
+            event = LeaseEvent(message_id, EventKind.REDRIVE, self.states[message_id].attempts, at)
+            self._set(message_id, apply(self.states[message_id], event), now_us)
+            events.append(event)
+        return events
 
     def settle(
         self,
@@ -337,6 +399,7 @@ class ChannelQueue:
                 or message_id in seen
                 or message_id in self.in_flight
                 or message_id in self.deferred
+                or message_id in self.dead
             ):
                 continue
             seen.add(message_id)
@@ -362,6 +425,13 @@ class ChannelQueue:
     def _set(self, message_id: str, state: MessageState, now_us: int) -> None:
         self.in_flight.discard(message_id)
         self.deferred.discard(message_id)
+        self.dead.discard(message_id)
+        if state.dead:
+            # Its body is in the dead-letter table now; a redrive reads it back from there.
+            self.states[message_id] = state
+            self.dead.add(message_id)
+            self._bodies.pop(message_id, None)
+            return
         if state.finished:
             self.states.pop(message_id, None)
             self._bodies.pop(message_id, None)
@@ -372,7 +442,9 @@ class ChannelQueue:
 
     def _place(self, message_id: str, state: MessageState, now_us: int) -> None:
         self.states[message_id] = state
-        if state.in_flight:
+        if state.dead:
+            self.dead.add(message_id)
+        elif state.in_flight:
             self.in_flight.add(message_id)
             expires = state.lease_expires_at_us or now_us
             heapq.heappush(self._expiries, (expires, message_id, state.attempts))

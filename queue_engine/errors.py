@@ -26,6 +26,8 @@ class ErrorCode(StrEnum):
     BAD_BODY = "BAD_BODY"
     BAD_MESSAGE = "BAD_MESSAGE"
     INVALID_DEFER = "INVALID_DEFER"
+    # deltaq: a channel's max_attempts outside 1..65535 (or "default").
+    INVALID_MAX_ATTEMPTS = "INVALID_MAX_ATTEMPTS"
     TOPIC_NOT_FOUND = "TOPIC_NOT_FOUND"
     CHANNEL_NOT_FOUND = "CHANNEL_NOT_FOUND"
     NOT_FOUND = "NOT_FOUND"
@@ -38,6 +40,8 @@ class ErrorCode(StrEnum):
     E_FIN_FAILED = "E_FIN_FAILED"
     E_REQ_FAILED = "E_REQ_FAILED"
     E_TOUCH_FAILED = "E_TOUCH_FAILED"
+    # deltaq: a redrive named messages that are not dead letters (nothing was redriven).
+    E_REDRIVE_FAILED = "E_REDRIVE_FAILED"
     # deltaq's caps (settings max_topics, max_channels_per_topic, max_sub_waiters,
     # max_tcp_connections).
     E_TOO_MANY_TOPICS = "E_TOO_MANY_TOPICS"

@@ -18,6 +18,9 @@ Rules (nsqd's, made explicit so a stale event is recognisable by any reader):
 - TIMEOUT of attempt n is valid only while n is in flight and its lease (as extended by TOUCH)
   had ended by the TIMEOUT's time.
 - Nothing is valid after FIN: a finished message never comes back.
+- DEAD (the channel's ``max_attempts`` reached: the message goes to the dead-letter table) is
+  valid while the message is not in flight and names its current attempt count. Only REDRIVE
+  is valid after DEAD; it makes the message ready again with its attempts reset to 0.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ class EventKind(StrEnum):
     REQ = "REQ"
     TOUCH = "TOUCH"
     TIMEOUT = "TIMEOUT"
+    DEAD = "DEAD"
+    REDRIVE = "REDRIVE"
 
 
 # Tie-break for events of one message with the same time (only across processes).
@@ -41,6 +46,8 @@ RANK = {
     EventKind.TIMEOUT: 2,
     EventKind.REQ: 3,
     EventKind.FIN: 4,
+    EventKind.DEAD: 5,
+    EventKind.REDRIVE: 6,
 }
 
 
@@ -49,6 +56,7 @@ class Status(StrEnum):
     DEFERRED = "deferred"
     IN_FLIGHT = "in_flight"
     FINISHED = "finished"
+    DEAD = "dead"
 
 
 # Events and states are NamedTuples: immutable like frozen dataclasses, and ~4x cheaper to
@@ -94,10 +102,14 @@ class MessageState(NamedTuple):
     timed_out: bool = False
     requeues: int = 0
     timeouts: int = 0
+    # In the dead-letter table: not delivered until redriven.
+    dead: bool = False
 
     def status(self, now_us: int) -> Status:
         if self.finished:
             return Status.FINISHED
+        if self.dead:
+            return Status.DEAD
         if self.in_flight:
             return Status.IN_FLIGHT
         if self.deliver_at_us is not None and self.deliver_at_us > now_us:
@@ -119,6 +131,17 @@ def apply(state: MessageState, event: LeaseEvent) -> MessageState:
     if state.finished:
         return state
     kind = event.kind
+    if state.dead:
+        if kind is not EventKind.REDRIVE:
+            return state
+        # Attempts start again; the channel's requeue/timeout counters keep what happened.
+        return MessageState(requeues=state.requeues, timeouts=state.timeouts)
+    if kind is EventKind.DEAD:
+        if state.in_flight or event.attempt != state.attempts:
+            return state
+        return state._replace(dead=True, timed_out=False)
+    if kind is EventKind.REDRIVE:
+        return state
     if kind is EventKind.DELIVER:
         if (
             state.in_flight

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.names import is_ephemeral
@@ -25,6 +26,8 @@ class Action(StrEnum):
     CHANNEL_PAUSE = "channel_pause"
     CHANNEL_UNPAUSE = "channel_unpause"
     CHANNEL_EMPTY = "channel_empty"
+    # Per-channel settings (``options``: max_attempts; null values mean "the default").
+    CHANNEL_CONFIGURE = "channel_configure"
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class RegistryEvent:
     channel: str | None = None
     topic_version: int | None = None
     topic_messages: int | None = None
+    options: dict[str, Any] | None = None
 
 
 @dataclass
@@ -52,6 +56,8 @@ class ChannelInfo:
     start_version: int
     paused: bool = False
     emptied_at_us: int | None = None
+    # Deliveries before a message is dead-lettered (None: the settings' max_attempts).
+    max_attempts: int | None = None
 
     @property
     def ephemeral(self) -> bool:
@@ -127,6 +133,11 @@ class Registry:
                         topic.drained_version = max(topic.drained_version, event.topic_version)
                 elif event.action is Action.CHANNEL_EMPTY:
                     channel.emptied_at_us = event.at_us
+                elif event.action is Action.CHANNEL_CONFIGURE:
+                    options = event.options or {}
+                    if "max_attempts" in options:
+                        value = options["max_attempts"]
+                        channel.max_attempts = None if value is None else int(value)
                 else:
                     channel.paused = event.action is Action.CHANNEL_PAUSE
             case _:

@@ -73,6 +73,9 @@ class Settings(BaseSettings):
     max_msg_size_bytes: int = 1024 * 1024
     max_body_size_bytes: int = 5 * 1024 * 1024
     max_rdy_count: int = 2500
+    # Deliveries a message may have on a channel before it goes to the channel's dead-letter
+    # table instead of being delivered again (0: no limit, as nsqd). Channels may override it.
+    max_attempts: int = 0
     # Messages of a channel held in memory (with bodies) ready to deliver; the rest of a backlog
     # stays in the channel table and is read as the window drains (nsqd's mem-queue-size).
     mem_queue_size: int = 10_000

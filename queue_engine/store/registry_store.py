@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 
 import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+from deltalake.schema import Field
 
 from queue_engine.registry import Action, Registry, RegistryEvent
 from queue_engine.store.append import Appender, append_or_fall_back, appender_for
 from queue_engine.store.commit_log import latest_version
 from queue_engine.store.tables import REGISTRY_SCHEMA, open_or_create
+
+log = logging.getLogger(__name__)
 
 
 class RegistryStore:
@@ -18,6 +25,7 @@ class RegistryStore:
     def __init__(self, path: str) -> None:
         self.path = path
         self._dt = open_or_create(path, REGISTRY_SCHEMA)
+        _add_missing_columns(self._dt)
         # The same appender as the topics' (a local warehouse: one file + a put-if-absent log
         # entry, ~1 ms; delta-rs's append replays a log that grows with every topic created).
         # Checkpoints come from the API's maintenance, which watches this table.
@@ -42,6 +50,7 @@ class RegistryStore:
                     "channel": event.channel,
                     "topic_version": event.topic_version,
                     "topic_messages": event.topic_messages,
+                    "options": json.dumps(event.options, sort_keys=True) if event.options else None,
                 }
             ],
             schema=REGISTRY_SCHEMA,
@@ -53,8 +62,28 @@ class RegistryStore:
         self._appender.close()
 
 
+def _add_missing_columns(dt: DeltaTable) -> None:
+    """Registries written by an older deltaq lack newer (nullable) columns: add them, in one
+    metadata commit, before the first append (only the API, the registry's writer, does)."""
+    present = {field.name for field in dt.schema().fields}
+    missing = [f for f in REGISTRY_SCHEMA if f.name not in present]
+    if missing:
+        log.info("registry: adding columns %s", ", ".join(f.name for f in missing))
+        dt.alter.add_columns([Field.from_arrow(f) for f in missing])
+
+
+def load_events(path: str) -> list[RegistryEvent]:
+    """Every registry event at ``path`` (for readers: nothing is created or changed; none
+    before the API has created the registry)."""
+    try:
+        dt = DeltaTable(path)
+    except TableNotFoundError:
+        return []
+    return events_from_table(dt.to_pyarrow_table())
+
+
 def events_from_table(table: pa.Table) -> list[RegistryEvent]:
-    """Registry rows as events, in seq order."""
+    """Registry rows as events, in seq order (rows of older registries lack ``options``)."""
     return [
         RegistryEvent(
             seq=row["seq"],
@@ -64,6 +93,7 @@ def events_from_table(table: pa.Table) -> list[RegistryEvent]:
             channel=row["channel"],
             topic_version=row["topic_version"],
             topic_messages=row["topic_messages"],
+            options=json.loads(row["options"]) if row.get("options") else None,
         )
         for row in table.sort_by("seq").to_pylist()
     ]
@@ -93,6 +123,6 @@ class RegistryReader:
     def get(self) -> Registry:
         latest = latest_version(self.path, self._version)
         if self._registry is None or latest != self._version:
-            self._registry = Registry.fold(RegistryStore(self.path).load())
+            self._registry = Registry.fold(load_events(self.path))
             self._version = latest
         return self._registry

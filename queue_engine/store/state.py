@@ -1,6 +1,6 @@
 """A channel's ``state`` table: the fold of its ledger, checkpointed by the sweep job.
 
-One row per live message (ready, in flight or deferred; FIN'd messages leave it) with the
+One row per live message (ready, in flight, deferred or dead; FIN'd messages leave it) with the
 columns of ``queue_engine.lease.MessageState``. Each sweep overwrites the table in one commit
 whose commit info carries the positions it reflects (``StateMeta``): the ledger version folded
 and the channel-table version read. A restarting API loads the rows and replays only the ledger
@@ -181,7 +181,8 @@ def state_from_values(values: Sequence[Any], status: str) -> MessageState:
         requeues,
         timeouts,
     ) = values
-    if attempts == 0 and deliver_at is None and requeues == 0:
+    dead = status == Status.DEAD
+    if attempts == 0 and deliver_at is None and requeues == 0 and not dead:
         return FRESH
     return MessageState(
         attempts=attempts,
@@ -195,6 +196,7 @@ def state_from_values(values: Sequence[Any], status: str) -> MessageState:
         timed_out=bool(timed_out),
         requeues=requeues or 0,
         timeouts=timeouts or 0,
+        dead=dead,
     )
 
 
@@ -217,7 +219,7 @@ def load_states(table: pa.Table) -> tuple[dict[str, MessageState], set[str], int
         return {}, set(), None
     fresh = pc.and_(
         pc.and_(pc.equal(table["attempts"], 0), pc.is_null(table["deliver_at"])),
-        pc.equal(table["requeues"], 0),
+        pc.and_(pc.equal(table["requeues"], 0), pc.not_equal(table["status"], Status.DEAD.value)),
     )
     unstarted = set(table.filter(fresh)["id"].to_pylist())
     lowest = pc.min(table["topic_version"]).as_py()

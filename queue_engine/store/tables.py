@@ -49,6 +49,21 @@ LEDGER_SCHEMA = pa.schema(
     ]
 )
 
+# channels/<t>/<c>/dead: one row per message the channel dead-lettered (its max_attempts
+# reached), append-only. Written before the ledger's DEAD event (at = dead_at), so every DEAD
+# event has its row; a row without its event (a crash in between) is not a dead letter.
+DEAD_LETTER_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("body", pa.binary(), nullable=False),
+        pa.field("published_at", _TS, nullable=False),
+        pa.field("attempts", pa.int32(), nullable=False),
+        pa.field("last_consumer", pa.string(), nullable=True),
+        pa.field("last_event", pa.string(), nullable=False),
+        pa.field("dead_at", _TS, nullable=False),
+    ]
+)
+
 # registry: one row per create/delete/pause/unpause/empty of a topic or channel, append-only.
 REGISTRY_SCHEMA = pa.schema(
     [
@@ -59,6 +74,8 @@ REGISTRY_SCHEMA = pa.schema(
         pa.field("channel", pa.string(), nullable=True),
         pa.field("topic_version", pa.int64(), nullable=True),
         pa.field("topic_messages", pa.int64(), nullable=True),
+        # Settings a configure event sets, as a JSON object (e.g. {"max_attempts": 5}).
+        pa.field("options", pa.string(), nullable=True),
     ]
 )
 
@@ -98,6 +115,9 @@ class Warehouse:
 
     def channel_ledger_path(self, topic: str, channel: str) -> str:
         return f"{self.channel_root(topic, channel)}/ledger"
+
+    def channel_dead_path(self, topic: str, channel: str) -> str:
+        return f"{self.channel_root(topic, channel)}/dead"
 
     def channel_state_path(self, topic: str, channel: str) -> str:
         return f"{self.channel_root(topic, channel)}/state"

@@ -50,11 +50,20 @@ def test_no_two_valid_leases_no_resurrection_attempts_counted(events: list[Lease
     lease_end: int | None = None
     lease_expires: int | None = None
     finished = False
+    dead = False
     for event in events:
         after = apply(state, event)
         accepted = after is not state
         if finished:
             assert not accepted, "an event was accepted after FIN"
+        if dead and accepted:
+            assert event.kind is EventKind.REDRIVE, "a dead message took an event"
+        if accepted and event.kind is EventKind.REDRIVE:
+            assert dead, "a live message was redriven"
+            dead, delivers = False, 0
+        elif accepted and event.kind is EventKind.DEAD:
+            assert not state.in_flight and event.attempt == delivers
+            dead = True
         if accepted and event.kind is EventKind.DELIVER:
             if delivers:
                 # The previous lease had ended (handed back, or timed out at/after its expiry).
@@ -73,6 +82,7 @@ def test_no_two_valid_leases_no_resurrection_attempts_counted(events: list[Lease
         state = after
         assert state.attempts == delivers
         assert state.finished == finished
+        assert state.dead == dead
     # Folding in any arrival order gives the same state: the fold orders by event time.
     shuffled = list(events)
     random.Random(len(events)).shuffle(shuffled)
@@ -83,19 +93,25 @@ def test_no_two_valid_leases_no_resurrection_attempts_counted(events: list[Lease
 def operations(draw: st.DrawFn) -> list[tuple[str, int, int]]:
     """Random consumer traffic: (op, message index or batch size, time step)."""
     ops = st.tuples(
-        st.sampled_from(["take", "fin", "req", "req_delay", "touch", "stale_fin", "expire"]),
+        st.sampled_from(
+            ["take", "fin", "req", "req_delay", "touch", "stale_fin", "expire", "redrive"]
+        ),
         st.integers(0, 5),
         st.integers(0, 40),
     )
     return draw(st.lists(ops, max_size=60))
 
 
-@given(operations())
+@given(operations(), st.integers(0, 3))
 @settings(max_examples=300, deadline=None)
-def test_the_live_queue_is_the_fold_of_what_it_wrote(ops: list[tuple[str, int, int]]) -> None:
+def test_the_live_queue_is_the_fold_of_what_it_wrote(
+    ops: list[tuple[str, int, int]], max_attempts: int
+) -> None:
     """Memory (ChannelQueue) equals the fold of the ledger events it produced, at every step;
-    and a message is never leased twice at once."""
+    a message is never leased twice at once, and never delivered more than max_attempts times
+    between redrives."""
     queue = ChannelQueue()
+    queue.max_attempts = max_attempts
     ids = [f"{i:016x}" for i in range(6)]
     now = 1_000
     queue.add(ids, [b"x"] * 6, [0] * 6, [None, None, None, None, None, now + 50], now)
@@ -108,10 +124,22 @@ def test_the_live_queue_is_the_fold_of_what_it_wrote(ops: list[tuple[str, int, i
             for d in deliveries:
                 holder = queue.states[d.id]
                 assert holder.in_flight and holder.lease == d.lease
+                assert not max_attempts or d.attempts <= max_attempts
+            dying, queue.dying = queue.dying, []
+            assert [e.id for e in events if e.kind is EventKind.DEAD] == [x.id for x in dying]
+            for letter in dying:
+                assert letter.attempts == max_attempts and queue.states[letter.id].dead
+                assert letter.body == b"x" and letter.last_event in ("REQ", "TIMEOUT")
             ledger += events
             held.update({d.id: d.lease for d in deliveries})
         elif op == "expire":
             ledger += queue.expire(now)
+        elif op == "redrive":
+            revived = queue.redrive(None, now)
+            assert {e.id for e in revived} == {m for m in ids if m in ledger_dead(ledger)}
+            ledger += revived
+            queue.attach_bodies([e.id for e in revived], [b"x"] * len(revived), [0] * len(revived))
+            assert not queue.dead
         elif held:
             message_id = sorted(held)[n % len(held)]
             lease = held[message_id]
@@ -155,7 +183,14 @@ def test_the_live_queue_is_the_fold_of_what_it_wrote(ops: list[tuple[str, int, i
                 assert live is None
             else:
                 assert live == expected
-        assert queue.ready_count + len(queue.in_flight) + len(queue.deferred) == len(queue)
+        assert queue.ready_count + len(queue.in_flight) + len(queue.deferred) + len(
+            queue.dead
+        ) == len(queue)
+
+
+def ledger_dead(ledger: list[LeaseEvent]) -> set[str]:
+    """The messages the fold of ``ledger`` has dead."""
+    return {m for m, s in fold(ledger).items() if s.dead}
 
 
 def test_touch_never_extends_past_delivery_plus_max_msg_timeout() -> None:

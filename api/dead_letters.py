@@ -1,0 +1,135 @@
+"""Dead letters over HTTP: a channel's max_attempts, its dead letters, and redriving them.
+
+A channel's ``max_attempts`` (set at /channel/create or with /channel/configure; the settings'
+``max_attempts`` otherwise) is how many deliveries a message gets; one that had them all is
+moved to the channel's dead-letter table instead of being delivered again. /channel/redrive
+makes dead letters ready again with their attempts reset.
+"""
+
+from __future__ import annotations
+
+import binascii
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response
+
+from api.responses import CHANNEL_CODES, error_doc, ok_empty, ok_json
+from api.state import broker_of
+from queue_engine.channel_queue import SettleError
+from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.names import require_topic_channel
+
+router = APIRouter(tags=["dead letters"])
+
+# nsqd's attempts field is 16 bits.
+MAX_ATTEMPTS_LIMIT = 65_535
+_NUMBER = re.compile(r"^[0-9]{1,6}$")
+_MESSAGE_ID = re.compile(r"^[0-9a-f]{16}$")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+Topic = Annotated[str | None, Query(description="Topic name")]
+Channel = Annotated[str | None, Query(description="Channel name")]
+MaxAttempts = Annotated[
+    str | None,
+    Query(
+        description=f"Deliveries before a message is dead-lettered: 1..{MAX_ATTEMPTS_LIMIT}, "
+        "or `default` for the settings' max_attempts"
+    ),
+]
+
+
+def parse_max_attempts(value: str | None) -> int | None:
+    """``default`` -> None (the settings' value); else 1..65535, or INVALID_MAX_ATTEMPTS."""
+    if value == "default":
+        return None
+    if value is None or not _NUMBER.match(value) or not 1 <= int(value) <= MAX_ATTEMPTS_LIMIT:
+        raise QueueError(
+            ErrorCode.INVALID_MAX_ATTEMPTS,
+            f"{value!r}: 1..{MAX_ATTEMPTS_LIMIT} or default",
+        )
+    return int(value)
+
+
+@router.post(
+    "/channel/configure",
+    summary="Change a channel's max_attempts",
+    responses={
+        200: {"description": "Done (empty body)"},
+        **error_doc(*CHANNEL_CODES, ErrorCode.INVALID_MAX_ATTEMPTS),
+    },
+    response_class=Response,
+)
+async def channel_configure(
+    request: Request,
+    topic: Topic = None,
+    channel: Channel = None,
+    max_attempts: MaxAttempts = None,
+) -> Response:
+    topic_name, channel_name = require_topic_channel(topic, channel)
+    limit = parse_max_attempts(max_attempts)
+    await broker_of(request).configure_channel(topic_name, channel_name, max_attempts=limit)
+    return ok_empty()
+
+
+@router.post(
+    "/channel/redrive",
+    summary="Make dead letters ready again, attempts reset (all, or the ids named)",
+    description=(
+        "Every `id` parameter names one dead letter; without any, all of the channel's dead "
+        "letters are redriven. All or none: if one named id is not a dead letter, nothing is "
+        'redriven (409 E_REDRIVE_FAILED with the ids in `failed`). Answers `{"redriven": n}`.'
+    ),
+    responses={
+        200: {"description": "How many were redriven"},
+        **error_doc(*CHANNEL_CODES, ErrorCode.E_INVALID, ErrorCode.E_REDRIVE_FAILED),
+    },
+    response_class=Response,
+)
+async def channel_redrive(
+    request: Request,
+    topic: Topic = None,
+    channel: Channel = None,
+    id: Annotated[list[str] | None, Query(description="A dead letter's message id")] = None,
+) -> Response:
+    topic_name, channel_name = require_topic_channel(topic, channel)
+    for message_id in id or []:
+        if not _MESSAGE_ID.match(message_id):
+            raise QueueError(ErrorCode.E_INVALID, f"not a message id: {message_id!r}", param="id")
+    try:
+        count = await broker_of(request).redrive(topic_name, channel_name, id or None)
+    except SettleError as exc:
+        raise QueueError(ErrorCode.E_REDRIVE_FAILED, str(exc), failed=exc.failed) from exc
+    return ok_json({"redriven": count})
+
+
+@router.get(
+    "/channel/dead",
+    summary="A channel's dead letters, longest dead first",
+    responses={200: {"description": "The dead letters"}, **error_doc(*CHANNEL_CODES)},
+    response_class=Response,
+)
+async def channel_dead(
+    request: Request,
+    topic: Topic = None,
+    channel: Channel = None,
+    limit: Annotated[int, Query(ge=1, le=10_000, description="At most this many")] = 100,
+) -> Response:
+    topic_name, channel_name = require_topic_channel(topic, channel)
+    runtime = broker_of(request).channel(topic_name, channel_name)
+    table = await runtime.dead_letters(limit)
+    rows: list[dict[str, Any]] = [
+        {
+            "id": row["id"],
+            "attempts": row["attempts"],
+            "last_consumer": row["last_consumer"],
+            "last_event": row["last_event"],
+            "dead_at": row["dead_at"].isoformat(),
+            # nsqd's message timestamp: nanoseconds since the epoch, when it was published.
+            "timestamp": (row["published_at"] - _EPOCH) // timedelta(microseconds=1) * 1000,
+            "body": binascii.b2a_base64(row["body"], newline=False).decode(),
+        }
+        for row in table.to_pylist()
+    ]
+    return ok_json({"dead_count": len(runtime.queue.dead), "messages": rows})

@@ -1,0 +1,186 @@
+"""Dead letters end to end: max_attempts, the dead-letter table, /channel/dead, redrive."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from deltalake import DeltaTable
+
+from queue_engine.lease import EventKind, fold
+from queue_engine.store.ledger import read_ledger
+from queue_engine.store.tables import Warehouse
+from tests.conftest import Server
+from tests.consumers import answer, body, channel_stats, sub
+
+
+@pytest.fixture(scope="module")
+def server(warehouse: Path, fanout: None) -> Iterator[Server]:
+    s = Server(warehouse, env={"DELTAQ_MSG_TIMEOUT_MS": "60000"}).start()
+    yield s
+    s.stop()
+
+
+def _sub_all(http: httpx.Client, topic: str, channel: str, n: int, **params: Any) -> list[Any]:
+    """Subscribe until ``n`` messages came (the fanout delivers within a few seconds)."""
+    got: list[Any] = []
+    deadline = time.monotonic() + 30
+    while len(got) < n and time.monotonic() < deadline:
+        got += sub(http, topic, channel, max=n - len(got), wait_ms=2000, **params)
+    assert len(got) == n, got
+    return got
+
+
+def _dead(http: httpx.Client, topic: str, channel: str) -> dict[str, Any]:
+    r = http.get("/channel/dead", params={"topic": topic, "channel": channel})
+    assert r.status_code == 200, r.text
+    result: dict[str, Any] = r.json()
+    return result
+
+
+def _redrive(http: httpx.Client, topic: str, channel: str, *ids: str) -> httpx.Response:
+    params: list[tuple[str, str]] = [("topic", topic), ("channel", channel)]
+    params += [("id", i) for i in ids]
+    return http.post("/channel/redrive", params=params)
+
+
+def test_a_message_past_max_attempts_is_dead_lettered_not_delivered(
+    http: httpx.Client, server: Server, warehouse: Path
+) -> None:
+    assert http.post("/topic/create", params={"topic": "dl"}).is_success
+    r = http.post("/channel/create", params={"topic": "dl", "channel": "c", "max_attempts": "2"})
+    assert r.status_code == 200, r.text
+    assert http.post("/mpub", params={"topic": "dl"}, content=b"a\nb\nc").text == "OK"
+
+    first = _sub_all(http, "dl", "c", 3, consumer="worker-1")
+    assert {m["attempts"] for m in first} == {1}
+    assert answer(http, "req", "dl", "c", *first).text == "OK"
+    second = _sub_all(http, "dl", "c", 3, consumer="worker-2")
+    assert {m["attempts"] for m in second} == {2}
+    assert answer(http, "req", "dl", "c", *second).text == "OK"
+
+    # Each had its two deliveries: the next SUB dead-letters them and delivers nothing.
+    assert sub(http, "dl", "c", max=10, wait_ms=500) == []
+    stats = channel_stats(http, "dl", "c")
+    assert stats["dead_count"] == 3 and stats["max_attempts"] == 2 and stats["depth"] == 0
+    dead = _dead(http, "dl", "c")
+    assert dead["dead_count"] == 3
+    assert sorted(base64_body(m) for m in dead["messages"]) == [b"a", b"b", b"c"]
+    for m in dead["messages"]:
+        assert m["attempts"] == 2 and m["last_event"] == "REQ"
+        assert m["last_consumer"] == "worker-2"
+
+    # The ledger says so, and the dead-letter table holds one row per DEAD event.
+    wh = Warehouse(str(warehouse))
+    events, _ = read_ledger(wh.channel_ledger_path("dl", "c"))
+    deaths = [e for e in events if e.kind is EventKind.DEAD]
+    assert sorted(e.id for e in deaths) == sorted(m["id"] for m in first)
+    assert all(s.dead for s in fold(events).values())
+    rows = DeltaTable(wh.channel_dead_path("dl", "c")).to_pyarrow_table()
+    assert sorted(rows["id"].to_pylist()) == sorted(e.id for e in deaths)
+
+    text = http.get("/stats", params={"topic": "dl"}).text
+    assert "dead: 3" in text
+    metrics = http.get("/metrics").text
+    assert 'deltaq_channel_dead{channel="c",topic="dl"} 3.0' in metrics
+
+
+def base64_body(message: dict[str, Any]) -> bytes:
+    return body(message)
+
+
+def test_dead_letters_stay_dead_across_a_restart_and_a_kill(
+    http: httpx.Client, server: Server
+) -> None:
+    assert _dead(http, "dl", "c")["dead_count"] == 3
+    server.stop()
+    server.start()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        assert channel_stats(c, "dl", "c")["dead_count"] == 3
+        assert sub(c, "dl", "c", max=10, wait_ms=300) == []
+    server.kill9()
+    server.start()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        assert channel_stats(c, "dl", "c")["dead_count"] == 3
+        assert channel_stats(c, "dl", "c")["max_attempts"] == 2
+
+
+def test_redrive_named_then_all_resets_attempts_once(server: Server) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        ids = [m["id"] for m in _dead(http, "dl", "c")["messages"]]
+        one = _redrive(http, "dl", "c", ids[0])
+        assert one.status_code == 200 and one.json() == {"redriven": 1}
+        [again] = _sub_all(http, "dl", "c", 1)
+        assert again["id"] == ids[0] and again["attempts"] == 1
+        # Not dead any more: naming it again redrives nothing at all, not even the others.
+        refused = _redrive(http, "dl", "c", ids[0], ids[1])
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["message"] == "E_REDRIVE_FAILED"
+        assert channel_stats(http, "dl", "c")["dead_count"] == 2
+
+        assert _redrive(http, "dl", "c").json() == {"redriven": 2}
+        assert _redrive(http, "dl", "c").json() == {"redriven": 0}
+        rest = _sub_all(http, "dl", "c", 2)
+        assert sorted(m["id"] for m in rest) == sorted(ids[1:])
+        assert {m["attempts"] for m in rest} == {1}
+        assert answer(http, "fin", "dl", "c", again, *rest).text == "OK"
+        assert channel_stats(http, "dl", "c")["dead_count"] == 0
+
+
+def test_a_lease_that_times_out_on_its_last_attempt_dies_with_timeout(server: Server) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        r = http.post(
+            "/channel/create", params={"topic": "dlt", "channel": "c", "max_attempts": "1"}
+        )
+        assert r.status_code == 404  # nsqd: the topic must exist
+        assert http.post("/topic/create", params={"topic": "dlt"}).is_success
+        r = http.post(
+            "/channel/create", params={"topic": "dlt", "channel": "c", "max_attempts": "1"}
+        )
+        assert r.status_code == 200
+        assert http.post("/pub", params={"topic": "dlt"}, content=b"slow").text == "OK"
+        [m] = _sub_all(http, "dlt", "c", 1, msg_timeout_ms=1000, consumer="sleepy")
+        time.sleep(1.5)
+        assert sub(http, "dlt", "c", wait_ms=1000) == []
+        [dead] = _dead(http, "dlt", "c")["messages"]
+        assert dead["id"] == m["id"] and dead["last_event"] == "TIMEOUT"
+        assert dead["last_consumer"] == "sleepy" and dead["attempts"] == 1
+        # The late FIN of a dead message's lease is refused.
+        assert answer(http, "fin", "dlt", "c", m).status_code == 409
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "65536", "abc", ""])
+def test_bad_max_attempts_is_refused_and_changes_nothing(server: Server, value: str) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        before = channel_stats(http, "dl", "c")["max_attempts"]
+        for path in ("/channel/configure", "/channel/create"):
+            r = http.post(path, params={"topic": "dl", "channel": "c", "max_attempts": value})
+            assert r.status_code == 400, r.text
+            assert r.json()["message"] == "INVALID_MAX_ATTEMPTS"
+        r = http.post(
+            "/channel/create", params={"topic": "dl", "channel": "new", "max_attempts": value}
+        )
+        assert r.status_code == 400
+        [topic] = http.get("/stats", params={"format": "json", "topic": "dl"}).json()["topics"]
+        assert "new" not in [c["channel_name"] for c in topic["channels"]]
+        assert channel_stats(http, "dl", "c")["max_attempts"] == before
+
+
+def test_configure_changes_the_limit_and_default_restores_the_setting(server: Server) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        params = {"topic": "dl", "channel": "c"}
+        assert http.post("/channel/configure", params={**params, "max_attempts": "7"}).is_success
+        assert channel_stats(http, "dl", "c")["max_attempts"] == 7
+        r = http.post("/channel/configure", params={**params, "max_attempts": "default"})
+        assert r.is_success
+        assert channel_stats(http, "dl", "c")["max_attempts"] == 0
+        missing = http.post(
+            "/channel/configure", params={"topic": "dl", "channel": "nope", "max_attempts": "3"}
+        )
+        assert missing.status_code == 404
+        bad_id = _redrive(http, "dl", "c", "not-an-id")
+        assert bad_id.status_code == 400 and bad_id.json()["message"] == "E_INVALID"
