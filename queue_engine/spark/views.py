@@ -5,10 +5,13 @@ Views (every per-channel view has ``topic`` and ``channel`` columns first):
 - ``topics``: one row per topic (created_at, paused, channel_count, message_count).
 - ``channels``: one row per channel (created_at, paused, ephemeral).
 - ``messages``: every channel-table row (id, body, published_at, deliver_at, topic_version).
-- ``ledger``: every lease event (DELIVER / FIN / REQ / TOUCH / TIMEOUT), i.e. every attempt.
+- ``ledger``: every lease event (DELIVER / FIN / REQ / TOUCH / TIMEOUT / DEAD / REDRIVE), i.e.
+  every attempt.
 - ``state``: the live messages as of each channel's last sweep (status, attempts, lease_owner,
   lease_expires_at, deliver_at, ..., swept_at).
-- ``queue_stats``: per channel, as of its last sweep: depth, in_flight, deferred,
+- ``dead_letters``: every time a message was dead-lettered (id, body, published_at, attempts,
+  last_consumer, last_event, dead_at) and when it was redriven (redriven_at; null: still dead).
+- ``queue_stats``: per channel, as of its last sweep: depth, in_flight, deferred, dead,
   oldest_ready_age_s, requeues, timeouts (nsqd's counters: every message the channel had),
   fin_per_s (FINs in the minute before the sweep / 60, to 3 decimals).
 
@@ -32,11 +35,16 @@ from queue_engine.registry import Registry
 from queue_engine.spark.session import read_format, register
 from queue_engine.store.registry_store import events_from_table
 from queue_engine.store.state import STATE_SCHEMA, StateMeta, meta_of
-from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, LEDGER_SCHEMA, Warehouse
+from queue_engine.store.tables import (
+    CHANNEL_MESSAGES_SCHEMA,
+    DEAD_LETTER_SCHEMA,
+    LEDGER_SCHEMA,
+    Warehouse,
+)
 
 log = logging.getLogger(__name__)
 
-VIEWS = ("topics", "channels", "messages", "ledger", "state", "queue_stats")
+VIEWS = ("topics", "channels", "messages", "ledger", "state", "dead_letters", "queue_stats")
 
 
 def _parse(as_of: str | datetime | None) -> datetime | None:
@@ -149,6 +157,11 @@ def register_views(
         "state"
     )
 
+    _union(
+        spark, channels, wh.channel_dead_path, DEAD_LETTER_SCHEMA, when
+    ).createOrReplaceTempView("_deltaq_dead")
+    spark.sql(_DEAD_LETTERS).createOrReplaceTempView("dead_letters")
+
     metas: list[tuple[str, str, StateMeta]] = []
     for topic, channel in channels:
         dt = _table(wh.channel_state_path(topic, channel), when)
@@ -168,6 +181,27 @@ def _ts(us: int) -> datetime:
     return datetime.fromtimestamp(us / 1_000_000, tz=UTC)
 
 
+# A dead-letter row counts only with its ledger DEAD event (same id and time): a row written
+# before a crash that lost its event is not a dead letter (the message died again later).
+_DEAD_LETTERS = """
+WITH deaths AS (
+  SELECT d.topic, d.channel, d.id, d.dead_at, MIN(r.at) AS redriven_at
+  FROM _deltaq_dead d
+  JOIN ledger x
+    ON x.event = 'DEAD' AND x.topic = d.topic AND x.channel = d.channel
+    AND x.id = d.id AND x.at = d.dead_at
+  LEFT JOIN ledger r
+    ON r.event = 'REDRIVE' AND r.topic = d.topic AND r.channel = d.channel
+    AND r.id = d.id AND r.at > d.dead_at
+  GROUP BY d.topic, d.channel, d.id, d.dead_at
+)
+SELECT d.topic, d.channel, d.id, d.body, d.published_at, d.attempts, d.last_consumer,
+  d.last_event, d.dead_at, s.redriven_at
+FROM _deltaq_dead d
+JOIN deaths s
+  ON s.topic = d.topic AND s.channel = d.channel AND s.id = d.id AND s.dead_at = d.dead_at
+"""
+
 # Per channel as of its last sweep. Channels never swept have no row.
 _QUEUE_STATS = """
 SELECT
@@ -176,6 +210,7 @@ SELECT
   COALESCE(a.depth, 0) AS depth,
   COALESCE(a.in_flight, 0) AS in_flight,
   COALESCE(a.deferred, 0) AS deferred,
+  COALESCE(a.dead, 0) AS dead,
   CAST(unix_micros(s.swept_at) - unix_micros(a.oldest_ready) AS DOUBLE) / 1e6
     AS oldest_ready_age_s,
   s.finished_requeues + COALESCE(a.requeues, 0) AS requeues,
@@ -188,6 +223,7 @@ LEFT JOIN (
     COUNT_IF(status = 'ready') AS depth,
     COUNT_IF(status = 'in_flight') AS in_flight,
     COUNT_IF(status = 'deferred') AS deferred,
+    COUNT_IF(status = 'dead') AS dead,
     MIN(CASE WHEN status = 'ready' THEN published_at END) AS oldest_ready,
     SUM(requeues) AS requeues,
     SUM(timeouts) AS timeouts

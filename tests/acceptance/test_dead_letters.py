@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,8 +12,11 @@ from typing import Any
 import httpx
 import pytest
 from deltalake import DeltaTable
+from pyspark.sql import SparkSession
 
 from queue_engine.lease import EventKind, fold
+from queue_engine.spark.sweep import sweep
+from queue_engine.spark.views import register_views
 from queue_engine.store.ledger import read_ledger
 from queue_engine.store.tables import Warehouse
 from tests.conftest import Server
@@ -89,6 +94,16 @@ def test_a_message_past_max_attempts_is_dead_lettered_not_delivered(
     assert 'deltaq_channel_dead{channel="c",topic="dl"} 3.0' in metrics
 
 
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "deltaq", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def base64_body(message: dict[str, Any]) -> bytes:
     return body(message)
 
@@ -122,7 +137,15 @@ def test_redrive_named_then_all_resets_attempts_once(server: Server) -> None:
         assert refused.json()["message"] == "E_REDRIVE_FAILED"
         assert channel_stats(http, "dl", "c")["dead_count"] == 2
 
-        assert _redrive(http, "dl", "c").json() == {"redriven": 2}
+        # deltaq redrive asks the API: a named id that is not dead fails the whole call.
+        refused_cli = _cli(
+            "redrive", "--api", server.url, "--topic", "dl", "--channel", "c", "--id", ids[0]
+        )
+        assert refused_cli.returncode == 1 and "E_REDRIVE_FAILED" in refused_cli.stderr
+        assert channel_stats(http, "dl", "c")["dead_count"] == 2
+        done = _cli("redrive", "--api", server.url, "--topic", "dl", "--channel", "c")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "2 dead letters of dl/c redriven"
         assert _redrive(http, "dl", "c").json() == {"redriven": 0}
         rest = _sub_all(http, "dl", "c", 2)
         assert sorted(m["id"] for m in rest) == sorted(ids[1:])
@@ -184,3 +207,29 @@ def test_configure_changes_the_limit_and_default_restores_the_setting(server: Se
         assert missing.status_code == 404
         bad_id = _redrive(http, "dl", "c", "not-an-id")
         assert bad_id.status_code == 400 and bad_id.json()["message"] == "E_INVALID"
+
+
+def test_the_sweep_keeps_dead_letters_and_the_views_show_them(
+    spark: SparkSession, server: Server, warehouse: Path
+) -> None:
+    wh = Warehouse(str(warehouse))
+    sweep(spark, wh)
+    state = DeltaTable(wh.channel_state_path("dlt", "c")).to_pyarrow_table()
+    assert state["status"].to_pylist() == ["dead"]
+    # A restart from the swept state still knows the dead letter.
+    server.stop()
+    server.start()
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        assert channel_stats(http, "dlt", "c")["dead_count"] == 1
+        assert channel_stats(http, "dl", "c")["dead_count"] == 0
+
+    register_views(spark, str(warehouse))
+    rows = spark.sql(
+        "SELECT topic, id, attempts, last_event, redriven_at FROM dead_letters ORDER BY dead_at"
+    ).collect()
+    assert [(r.topic, r.attempts, r.last_event) for r in rows] == [("dl", 2, "REQ")] * 3 + [
+        ("dlt", 1, "TIMEOUT")
+    ]
+    assert all(r.redriven_at is not None for r in rows[:3]) and rows[3].redriven_at is None
+    [stats] = spark.sql("SELECT dead, depth FROM queue_stats WHERE topic = 'dlt'").collect()
+    assert (stats.dead, stats.depth) == (1, 0)
