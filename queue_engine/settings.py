@@ -69,7 +69,10 @@ class Settings(BaseSettings):
     # nsqd's defaults.
     msg_timeout_ms: int = 60_000
     max_msg_timeout_ms: int = 15 * 60_000
-    max_req_timeout_ms: int = 60 * 60_000
+    # Longest defer= and REQ delay. nsqd caps both at an hour because it keeps deferred
+    # messages in memory; deltaq's are rows in the ledger and state tables and survive
+    # restarts, so the default allows a week.
+    max_req_timeout_ms: int = 7 * 24 * 60 * 60_000
     max_msg_size_bytes: int = 1024 * 1024
     max_body_size_bytes: int = 5 * 1024 * 1024
     max_rdy_count: int = 2500

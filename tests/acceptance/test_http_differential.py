@@ -100,6 +100,8 @@ def _answer(base: str, method: str, path: str, body: bytes) -> tuple[int, str, s
 
 def test_http_answers_match_nsqd(nsqd: Nsqd, server_factory: type[Server], tmp_path: Path) -> None:
     env = {f"DELTAQ_{k.upper()}_BYTES": str(v) for k, v in LIMITS.items()}
+    # nsqd's hour (deltaq's default allows a week).
+    env["DELTAQ_MAX_REQ_TIMEOUT_MS"] = "3600000"
     server = server_factory(tmp_path / "wh", env=env).start()
     reference = f"http://127.0.0.1:{nsqd.http_port}"
     different = []
