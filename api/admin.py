@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
-from api.dead_letters import MaxAttempts, parse_max_attempts
+from api.lifecycle import MaxAttempts, parse_max_attempts
 from api.responses import CHANNEL_CODES, error_doc, ok_empty
 from api.state import broker_of
 from queue_engine.broker import Broker

@@ -20,8 +20,8 @@ from api import (
     config,
     console,
     consume,
-    dead_letters,
     info,
+    lifecycle,
     metrics,
     openapi,
     publish,
@@ -104,7 +104,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(publish.router)
     app.include_router(consume.router)
     app.include_router(admin.router)
-    app.include_router(dead_letters.router)
+    app.include_router(lifecycle.router)
     app.include_router(info.router)
     app.include_router(config.router)
     app.include_router(metrics.router)

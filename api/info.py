@@ -96,6 +96,8 @@ def _topic_json(t: TopicStats) -> dict[str, Any]:
                 # deltaq: messages dead-lettered (max_attempts reached) and not redriven.
                 "dead_count": c.dead_count,
                 "max_attempts": c.max_attempts,
+                # deltaq: messages expired (message TTL) since the API started.
+                "expired_count": c.expired_count,
                 "client_count": c.client_count,
                 "clients": [_client_json(k) for k in c.clients],
                 "paused": c.paused,

@@ -107,6 +107,9 @@ def families(
     c_in_flight = gauge("channel_in_flight", "Messages leased to a consumer.", _TC)
     c_deferred = gauge("channel_deferred", "Messages deferred (defer= or REQ delay).", _TC)
     c_dead = gauge("channel_dead", "Messages in the dead-letter table, not redriven.", _TC)
+    c_expired = counter(
+        "channel_expired", "Messages expired (message TTL) since the API started.", _TC
+    )
     c_clients = gauge("channel_clients", "Consumers seen in the last minute.", _TC)
     c_paused = gauge("channel_paused", "1 while the channel is paused.", _TC)
     c_messages = counter("channel_messages", "Messages the channel's table holds.", _TC)
@@ -138,6 +141,7 @@ def families(
             c_in_flight.add_metric(labels, c.in_flight_count)
             c_deferred.add_metric(labels, c.deferred_count)
             c_dead.add_metric(labels, c.dead_count)
+            c_expired.add_metric(labels, c.expired_count)
             c_clients.add_metric(labels, c.client_count)
             c_paused.add_metric(labels, int(c.paused))
             c_messages.add_metric(labels, c.message_count)
@@ -162,6 +166,7 @@ def families(
         c_in_flight,
         c_deferred,
         c_dead,
+        c_expired,
         c_clients,
         c_paused,
         c_messages,

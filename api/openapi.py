@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from api.consume import MAX_CONSUMER_CHARS, MAX_WAIT_MS, MIN_MSG_TIMEOUT_MS
-from api.dead_letters import MAX_ATTEMPTS_LIMIT
+from api.lifecycle import MAX_ATTEMPTS_LIMIT, MAX_TTL_MS
 from queue_engine.names import MAX_NAME_LENGTH
 from queue_engine.settings import Settings
 
@@ -28,7 +28,7 @@ ANSWER_LINES = r"^([0-9a-f]{16} [0-9]{1,9}-[0-9a-f]{12}\n)+$"
 _OPTIONAL_NAMES = {"/stats"}
 # Query parameters FastAPI sees as optional (the handler answers their absence with nsqd's
 # codes) that an operation needs.
-_REQUIRED = {("/channel/configure", "max_attempts")}
+_REQUIRED = {("/channel/configure", "max_attempts"), ("/topic/configure", "ttl_ms")}
 _ERROR: dict[str, Any] = {
     "type": "object",
     "properties": {"message": {"type": "string"}},
@@ -38,6 +38,10 @@ _ERROR: dict[str, Any] = {
 
 def _integer(low: int, high: int) -> dict[str, Any]:
     return {"type": "integer", "minimum": low, "maximum": high}
+
+
+def _limit_or_default(high: int) -> dict[str, Any]:
+    return {"anyOf": [_integer(1, high), {"type": "string", "enum": ["default"]}]}
 
 
 def _parameters(settings: Settings) -> dict[str, dict[str, Any]]:
@@ -50,12 +54,8 @@ def _parameters(settings: Settings) -> dict[str, dict[str, Any]]:
         "consumer": {"type": "string", "minLength": 1, "maxLength": MAX_CONSUMER_CHARS},
         "delay_ms": _integer(0, settings.max_req_timeout_ms),
         "id": {"type": "string", "pattern": "^[0-9a-f]{16}$"},
-        "max_attempts": {
-            "anyOf": [
-                {"type": "integer", "minimum": 1, "maximum": MAX_ATTEMPTS_LIMIT},
-                {"type": "string", "enum": ["default"]},
-            ]
-        },
+        "max_attempts": _limit_or_default(MAX_ATTEMPTS_LIMIT),
+        "ttl_ms": _limit_or_default(MAX_TTL_MS),
     }
 
 

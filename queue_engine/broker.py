@@ -299,6 +299,20 @@ class Broker:
         if runtime is not None:
             runtime.set_max_attempts(self._max_attempts(topic, channel))
 
+    async def configure_topic(self, topic: str, *, ttl_ms: int | None) -> None:
+        """Set the topic's message TTL (None: back to the settings' default)."""
+        async with self._admin:
+            info = self.registry.existing_topic(topic)
+            if info.ttl_ms != ttl_ms:
+                await self._record(Action.TOPIC_CONFIGURE, topic, options={"ttl_ms": ttl_ms})
+        for (name, _), runtime in list(self._channels.items()):
+            if name == topic:
+                runtime.set_ttl(self._ttl_ms(topic))
+
+    def _ttl_ms(self, topic: str) -> int:
+        info = self.registry.existing_topic(topic)
+        return self.settings.message_ttl_ms if info.ttl_ms is None else info.ttl_ms
+
     def _max_attempts(self, topic: str, channel: str) -> int:
         info = self.registry.existing_channel(topic, channel)
         return self.settings.max_attempts if info.max_attempts is None else info.max_attempts
@@ -394,6 +408,7 @@ class Broker:
             self.warehouse.channel_dead_path(topic, channel),
             state_path=self.warehouse.channel_state_path(topic, channel),
             max_attempts=self._max_attempts(topic, channel),
+            ttl_ms=self._ttl_ms(topic),
             scan_leases=self.settings.scan_leases,
             mem_queue_size=self.settings.mem_queue_size,
             is_paused=lambda: self._channel_paused(topic, channel),
@@ -540,6 +555,7 @@ class Broker:
             fanned_topic_version=runtime.fanned_topic_version,
             finish_count=counts.finish_count,
             dead_count=counts.dead_count,
+            expired_count=counts.expired_count,
             max_attempts=runtime.max_attempts,
             table_version=counts.table_version,
             ledger_version=counts.ledger_version,

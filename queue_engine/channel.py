@@ -81,6 +81,7 @@ class ChannelCounts:
     clients: list[ConsumerSeen]
     finish_count: int = 0
     dead_count: int = 0
+    expired_count: int = 0
     table_version: int = -1
     ledger_version: int = -1
 
@@ -102,6 +103,7 @@ class ChannelRuntime:
         *,
         state_path: str | None = None,
         max_attempts: int = 0,
+        ttl_ms: int = 0,
         scan_leases: bool = True,
         mem_queue_size: int,
         is_paused: Callable[[], bool],
@@ -123,6 +125,7 @@ class ChannelRuntime:
         # Told when a consumer starts waiting here: the broker then ticks this channel often.
         self._on_waiting = on_waiting
         self.max_attempts = max_attempts
+        self.ttl_ms = ttl_ms
         self.queue = self._new_queue()
         self._dead = DeadLetterStore(dead_path)
         # Held from taking dead letters until their DEAD events are submitted, and by a
@@ -165,6 +168,7 @@ class ChannelRuntime:
             )
             self.queue, self._reader = restored.queue, restored.reader
             self.queue.max_attempts = self.max_attempts
+            self.queue.ttl_us = self.ttl_ms * 1000
             self._known_unread = restored.known_unread
             self._ledger_seen = restored.ledger_version
             self._broken = False
@@ -183,9 +187,15 @@ class ChannelRuntime:
         self.max_attempts = max_attempts
         self.queue.max_attempts = max_attempts
 
+    def set_ttl(self, ttl_ms: int) -> None:
+        """Message TTL from now on (0: none); it applies to messages already waiting too."""
+        self.ttl_ms = ttl_ms
+        self.queue.ttl_us = ttl_ms * 1000
+
     def _new_queue(self) -> ChannelQueue:
         queue = ChannelQueue()
         queue.max_attempts = self.max_attempts
+        queue.ttl_us = self.ttl_ms * 1000
         return queue
 
     def request_reopen(self) -> None:
@@ -465,6 +475,7 @@ class ChannelRuntime:
             clients=sorted(self._clients.values(), key=lambda c: c.name),
             finish_count=self.queue.finish_count,
             dead_count=len(self.queue.dead),
+            expired_count=self.queue.expired_count,
             table_version=self._reader.version,
             ledger_version=self._writer.version if self._writer is not None else -1,
         )

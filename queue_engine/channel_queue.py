@@ -96,6 +96,10 @@ class ChannelQueue:
         # them to the dead-letter table, then their DEAD events to the ledger).
         self.max_attempts = 0
         self.dying: list[DeadLetter] = []
+        # Message TTL (µs after publishing; 0: none): ``take`` expires a ready message older
+        # than that instead of delivering it.
+        self.ttl_us = 0
+        self.expired_count = 0
         # Finished messages whose rows may still be read (from the table as it was at restore):
         # skipped when read. Not needed once every row of that snapshot has been read.
         self._finished: set[str] = set()
@@ -232,6 +236,7 @@ class ChannelQueue:
         in_flight, deferred, expiries = self.in_flight, self.deferred, self._expiries
         expires_at = at + lease_us
         max_attempts = self.max_attempts
+        oldest_published = at - self.ttl_us if self.ttl_us else None
         while len(deliveries) < limit and ready:
             message_id = ready.popleft()
             state = states.get(message_id)
@@ -240,6 +245,12 @@ class ChannelQueue:
             body = bodies.get(message_id)
             if body is None:
                 skipped.append(message_id)  # its row is not loaded yet
+                continue
+            if oldest_published is not None and body[1] <= oldest_published:
+                expire = LeaseEvent(message_id, EventKind.EXPIRE, state.attempts, at)
+                self._set(message_id, apply(state, expire), at)
+                self.expired_count += 1
+                events.append(expire)
                 continue
             if max_attempts and state.attempts >= max_attempts:
                 events.append(self._kill(message_id, state, body, at))

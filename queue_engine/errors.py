@@ -28,6 +28,8 @@ class ErrorCode(StrEnum):
     INVALID_DEFER = "INVALID_DEFER"
     # deltaq: a channel's max_attempts outside 1..65535 (or "default").
     INVALID_MAX_ATTEMPTS = "INVALID_MAX_ATTEMPTS"
+    # deltaq: a topic's ttl_ms outside 1..MAX_TTL_MS (or "default").
+    INVALID_TTL = "INVALID_TTL"
     TOPIC_NOT_FOUND = "TOPIC_NOT_FOUND"
     CHANNEL_NOT_FOUND = "CHANNEL_NOT_FOUND"
     NOT_FOUND = "NOT_FOUND"

@@ -21,6 +21,8 @@ Rules (nsqd's, made explicit so a stale event is recognisable by any reader):
 - DEAD (the channel's ``max_attempts`` reached: the message goes to the dead-letter table) is
   valid while the message is not in flight and names its current attempt count. Only REDRIVE
   is valid after DEAD; it makes the message ready again with its attempts reset to 0.
+- EXPIRE (the topic's message TTL passed before the message could be delivered again) is
+  valid while the message is neither in flight nor dead; like FIN, it ends the message.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class EventKind(StrEnum):
     TIMEOUT = "TIMEOUT"
     DEAD = "DEAD"
     REDRIVE = "REDRIVE"
+    EXPIRE = "EXPIRE"
 
 
 # Tie-break for events of one message with the same time (only across processes).
@@ -48,6 +51,7 @@ RANK = {
     EventKind.FIN: 4,
     EventKind.DEAD: 5,
     EventKind.REDRIVE: 6,
+    EventKind.EXPIRE: 7,
 }
 
 
@@ -104,6 +108,8 @@ class MessageState(NamedTuple):
     timeouts: int = 0
     # In the dead-letter table: not delivered until redriven.
     dead: bool = False
+    # Ended by EXPIRE rather than FIN (``finished`` is set as well).
+    expired: bool = False
 
     def status(self, now_us: int) -> Status:
         if self.finished:
@@ -142,6 +148,10 @@ def apply(state: MessageState, event: LeaseEvent) -> MessageState:
         return state._replace(dead=True, timed_out=False)
     if kind is EventKind.REDRIVE:
         return state
+    if kind is EventKind.EXPIRE:
+        if state.in_flight:
+            return state
+        return state._replace(finished=True, expired=True, timed_out=False)
     if kind is EventKind.DELIVER:
         if (
             state.in_flight

@@ -21,6 +21,8 @@ class Action(StrEnum):
     TOPIC_PAUSE = "topic_pause"
     TOPIC_UNPAUSE = "topic_unpause"
     TOPIC_EMPTY = "topic_empty"
+    # Per-topic settings (``options``: ttl_ms; null values mean "the default").
+    TOPIC_CONFIGURE = "topic_configure"
     CHANNEL_CREATE = "channel_create"
     CHANNEL_DELETE = "channel_delete"
     CHANNEL_PAUSE = "channel_pause"
@@ -79,6 +81,8 @@ class TopicInfo:
     empty_version: int = -1
     empty_message_count: int = 0
     channels: dict[str, ChannelInfo] = field(default_factory=dict)
+    # Message TTL in ms after publishing (None: the settings' message_ttl_ms).
+    ttl_ms: int | None = None
 
     @property
     def ephemeral(self) -> bool:
@@ -118,6 +122,11 @@ class Registry:
                 topic.empty_message_count = max(
                     topic.empty_message_count, event.topic_messages or 0
                 )
+            case Action.TOPIC_CONFIGURE if topic is not None:
+                options = event.options or {}
+                if "ttl_ms" in options:
+                    value = options["ttl_ms"]
+                    topic.ttl_ms = None if value is None else int(value)
             case Action.CHANNEL_CREATE if topic is not None and event.channel is not None:
                 if event.channel not in topic.channels:
                     topic.channels[event.channel] = ChannelInfo(

@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     # Deliveries a message may have on a channel before it goes to the channel's dead-letter
     # table instead of being delivered again (0: no limit, as nsqd). Channels may override it.
     max_attempts: int = 0
+    # Messages not delivered within this many ms of publishing are expired instead (an EXPIRE
+    # ledger event; 0: never). Topics may override it.
+    message_ttl_ms: int = 0
     # Messages of a channel held in memory (with bodies) ready to deliver; the rest of a backlog
     # stays in the channel table and is read as the window drains (nsqd's mem-queue-size).
     mem_queue_size: int = 10_000

@@ -20,6 +20,8 @@ class ChannelStats:
     # Dead-lettered and not redriven; the channel's limit (0: none).
     dead_count: int = 0
     max_attempts: int = 0
+    # Messages expired (TTL) since the API started.
+    expired_count: int = 0
     clients: tuple[ConsumerSeen, ...] = ()
     # The newest topic version the fanout has put in the channel's table (-1: none yet).
     fanned_topic_version: int = -1

@@ -5,13 +5,14 @@ Views (every per-channel view has ``topic`` and ``channel`` columns first):
 - ``topics``: one row per topic (created_at, paused, channel_count, message_count).
 - ``channels``: one row per channel (created_at, paused, ephemeral).
 - ``messages``: every channel-table row (id, body, published_at, deliver_at, topic_version).
-- ``ledger``: every lease event (DELIVER / FIN / REQ / TOUCH / TIMEOUT / DEAD / REDRIVE), i.e.
-  every attempt.
+- ``ledger``: every lease event (DELIVER / FIN / REQ / TOUCH / TIMEOUT / DEAD / REDRIVE /
+  EXPIRE), i.e. every attempt.
 - ``state``: the live messages as of each channel's last sweep (status, attempts, lease_owner,
   lease_expires_at, deliver_at, ..., swept_at).
 - ``dead_letters``: every time a message was dead-lettered (id, body, published_at, attempts,
   last_consumer, last_event, dead_at) and when it was redriven (redriven_at; null: still dead).
-- ``queue_stats``: per channel, as of its last sweep: depth, in_flight, deferred, dead,
+- ``queue_stats``: per channel, as of its last sweep: depth, in_flight, deferred, dead, expired
+  (EXPIRE events, ever),
   oldest_ready_age_s, requeues, timeouts (nsqd's counters: every message the channel had),
   fin_per_s (FINs in the minute before the sweep / 60, to 3 decimals).
 
@@ -211,6 +212,7 @@ SELECT
   COALESCE(a.in_flight, 0) AS in_flight,
   COALESCE(a.deferred, 0) AS deferred,
   COALESCE(a.dead, 0) AS dead,
+  COALESCE(x.expired, 0) AS expired,
   CAST(unix_micros(s.swept_at) - unix_micros(a.oldest_ready) AS DOUBLE) / 1e6
     AS oldest_ready_age_s,
   s.finished_requeues + COALESCE(a.requeues, 0) AS requeues,
@@ -235,4 +237,10 @@ LEFT JOIN (
   WHERE l.event = 'FIN' AND l.at > w.swept_at - INTERVAL 60 SECONDS AND l.at <= w.swept_at
   GROUP BY l.topic, l.channel
 ) f ON f.topic = s.topic AND f.channel = s.channel
+LEFT JOIN (
+  SELECT l.topic, l.channel, COUNT(*) AS expired
+  FROM ledger l JOIN _deltaq_sweeps w ON l.topic = w.topic AND l.channel = w.channel
+  WHERE l.event = 'EXPIRE' AND l.at <= w.swept_at
+  GROUP BY l.topic, l.channel
+) x ON x.topic = s.topic AND x.channel = s.channel
 """

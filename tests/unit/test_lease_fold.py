@@ -64,6 +64,9 @@ def test_no_two_valid_leases_no_resurrection_attempts_counted(events: list[Lease
         elif accepted and event.kind is EventKind.DEAD:
             assert not state.in_flight and event.attempt == delivers
             dead = True
+        elif accepted and event.kind is EventKind.EXPIRE:
+            assert not state.in_flight
+            finished = True
         if accepted and event.kind is EventKind.DELIVER:
             if delivers:
                 # The previous lease had ended (handed back, or timed out at/after its expiry).
@@ -102,19 +105,20 @@ def operations(draw: st.DrawFn) -> list[tuple[str, int, int]]:
     return draw(st.lists(ops, max_size=60))
 
 
-@given(operations(), st.integers(0, 3))
+@given(operations(), st.integers(0, 3), st.sampled_from([0, 60, 300]))
 @settings(max_examples=300, deadline=None)
 def test_the_live_queue_is_the_fold_of_what_it_wrote(
-    ops: list[tuple[str, int, int]], max_attempts: int
+    ops: list[tuple[str, int, int]], max_attempts: int, ttl_us: int
 ) -> None:
     """Memory (ChannelQueue) equals the fold of the ledger events it produced, at every step;
     a message is never leased twice at once, and never delivered more than max_attempts times
     between redrives."""
     queue = ChannelQueue()
     queue.max_attempts = max_attempts
+    queue.ttl_us = ttl_us
     ids = [f"{i:016x}" for i in range(6)]
     now = 1_000
-    queue.add(ids, [b"x"] * 6, [0] * 6, [None, None, None, None, None, now + 50], now)
+    queue.add(ids, [b"x"] * 6, [now] * 6, [None, None, None, None, None, now + 50], now)
     ledger: list[LeaseEvent] = []
     held: dict[str, str] = {}  # message id -> lease the "consumer" holds
     for op, n, step in ops:
@@ -125,6 +129,7 @@ def test_the_live_queue_is_the_fold_of_what_it_wrote(
                 holder = queue.states[d.id]
                 assert holder.in_flight and holder.lease == d.lease
                 assert not max_attempts or d.attempts <= max_attempts
+                assert not ttl_us or now < 1_000 + ttl_us
             dying, queue.dying = queue.dying, []
             assert [e.id for e in events if e.kind is EventKind.DEAD] == [x.id for x in dying]
             for letter in dying:
@@ -138,7 +143,9 @@ def test_the_live_queue_is_the_fold_of_what_it_wrote(
             revived = queue.redrive(None, now)
             assert {e.id for e in revived} == {m for m in ids if m in ledger_dead(ledger)}
             ledger += revived
-            queue.attach_bodies([e.id for e in revived], [b"x"] * len(revived), [0] * len(revived))
+            queue.attach_bodies(
+                [e.id for e in revived], [b"x"] * len(revived), [1_000] * len(revived)
+            )
             assert not queue.dead
         elif held:
             message_id = sorted(held)[n % len(held)]
@@ -174,6 +181,7 @@ def test_the_live_queue_is_the_fold_of_what_it_wrote(
                 if kind is not EventKind.TOUCH:
                     held.pop(message_id)
         folded = fold(ledger)
+        assert queue.expired_count == sum(e.kind is EventKind.EXPIRE for e in ledger)
         for message_id in ids:
             live = queue.states.get(message_id)
             expected = folded.get(message_id)

@@ -1,4 +1,5 @@
-"""Dead letters end to end: max_attempts, the dead-letter table, /channel/dead, redrive."""
+"""A message's life end to end: max_attempts and dead letters (the dead-letter table,
+/channel/dead, redrive), and the message TTL."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from queue_engine.spark.views import register_views
 from queue_engine.store.ledger import read_ledger
 from queue_engine.store.tables import Warehouse
 from tests.conftest import Server
-from tests.consumers import answer, body, channel_stats, sub
+from tests.consumers import answer, body, channel_stats, create_channel, sub
 
 
 @pytest.fixture(scope="module")
@@ -233,3 +234,60 @@ def test_the_sweep_keeps_dead_letters_and_the_views_show_them(
     assert all(r.redriven_at is not None for r in rows[:3]) and rows[3].redriven_at is None
     [stats] = spark.sql("SELECT dead, depth FROM queue_stats WHERE topic = 'dlt'").collect()
     assert (stats.dead, stats.depth) == (1, 0)
+
+
+def test_messages_past_their_topics_ttl_are_expired_not_delivered(
+    spark: SparkSession, server: Server, warehouse: Path
+) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        create_channel(http, "ttl", "c")
+        r = http.post("/topic/configure", params={"topic": "ttl", "ttl_ms": "1500"})
+        assert r.status_code == 200, r.text
+        assert http.post("/mpub", params={"topic": "ttl"}, content=b"old1\nold2").text == "OK"
+        # One is taken and given back in time; then nobody comes until both are too old.
+        [m] = _sub_all(http, "ttl", "c", 1)
+        assert answer(http, "req", "ttl", "c", m).text == "OK"
+        time.sleep(2.0)
+        assert http.post("/pub", params={"topic": "ttl"}, content=b"fresh").text == "OK"
+        [fresh] = _sub_all(http, "ttl", "c", 1)
+        assert body(fresh) == b"fresh"
+        assert answer(http, "fin", "ttl", "c", fresh).text == "OK"
+        stats = channel_stats(http, "ttl", "c")
+        assert stats["expired_count"] == 2 and stats["depth"] == 0
+        assert (
+            'deltaq_channel_expired_total{channel="c",topic="ttl"} 2.0' in http.get("/metrics").text
+        )
+
+        # Back to the default (no TTL): an old message is delivered.
+        r = http.post("/topic/configure", params={"topic": "ttl", "ttl_ms": "default"})
+        assert r.status_code == 200
+        assert http.post("/pub", params={"topic": "ttl"}, content=b"patient").text == "OK"
+        time.sleep(2.0)
+        [late] = _sub_all(http, "ttl", "c", 1)
+        assert body(late) == b"patient"
+        assert answer(http, "fin", "ttl", "c", late).text == "OK"
+
+    wh = Warehouse(str(warehouse))
+    events, _ = read_ledger(wh.channel_ledger_path("ttl", "c"))
+    expired = [e for e in events if e.kind is EventKind.EXPIRE]
+    assert len(expired) == 2
+    states = fold(events)
+    assert all(states[e.id].expired and states[e.id].finished for e in expired)
+    sweep(spark, wh)
+    register_views(spark, str(warehouse))
+    [row] = spark.sql("SELECT expired, depth FROM queue_stats WHERE topic = 'ttl'").collect()
+    assert (row.expired, row.depth) == (2, 0)
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "x", "31536000001", ""])
+def test_bad_ttl_is_refused_and_changes_nothing(server: Server, value: str) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        r = http.post("/topic/configure", params={"topic": "dl", "ttl_ms": value})
+        assert r.status_code == 400 and r.json()["message"] == "INVALID_TTL", r.text
+        missing = http.post("/topic/configure", params={"topic": "nope", "ttl_ms": "10"})
+        assert missing.status_code == 404
+        # dl has no TTL: a message published now is delivered whenever it is asked for.
+        assert http.post("/pub", params={"topic": "dl"}, content=b"kept").text == "OK"
+        [m] = _sub_all(http, "dl", "c", 1)
+        assert body(m) == b"kept"
+        assert answer(http, "fin", "dl", "c", m).text == "OK"

@@ -1,9 +1,12 @@
-"""Dead letters over HTTP: a channel's max_attempts, its dead letters, and redriving them.
+"""A message's life over HTTP: a topic's message TTL, a channel's max_attempts, its dead
+letters, and redriving them.
 
-A channel's ``max_attempts`` (set at /channel/create or with /channel/configure; the settings'
-``max_attempts`` otherwise) is how many deliveries a message gets; one that had them all is
-moved to the channel's dead-letter table instead of being delivered again. /channel/redrive
-makes dead letters ready again with their attempts reset.
+A topic's ``ttl_ms`` (/topic/configure; the settings' ``message_ttl_ms`` otherwise) is how long
+after publishing a message may still be delivered; an older one is expired (an EXPIRE ledger
+event) instead. A channel's ``max_attempts`` (set at /channel/create or with
+/channel/configure; the settings' ``max_attempts`` otherwise) is how many deliveries a message
+gets; one that had them all is moved to the channel's dead-letter table instead of being
+delivered again. /channel/redrive makes dead letters ready again with their attempts reset.
 """
 
 from __future__ import annotations
@@ -19,13 +22,15 @@ from api.responses import CHANNEL_CODES, error_doc, ok_empty, ok_json
 from api.state import broker_of
 from queue_engine.channel_queue import SettleError
 from queue_engine.errors import ErrorCode, QueueError
-from queue_engine.names import require_topic_channel
+from queue_engine.names import require_topic, require_topic_channel
 
 router = APIRouter(tags=["dead letters"])
 
 # nsqd's attempts field is 16 bits.
 MAX_ATTEMPTS_LIMIT = 65_535
-_NUMBER = re.compile(r"^[0-9]{1,6}$")
+# A year.
+MAX_TTL_MS = 365 * 24 * 3_600_000
+_NUMBER = re.compile(r"^[0-9]{1,12}$")
 _MESSAGE_ID = re.compile(r"^[0-9a-f]{16}$")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -40,16 +45,48 @@ MaxAttempts = Annotated[
 ]
 
 
-def parse_max_attempts(value: str | None) -> int | None:
-    """``default`` -> None (the settings' value); else 1..65535, or INVALID_MAX_ATTEMPTS."""
+TtlMs = Annotated[
+    str | None,
+    Query(
+        description=f"Message TTL in ms after publishing: 1..{MAX_TTL_MS}, or `default` for the "
+        "settings' message_ttl_ms"
+    ),
+]
+
+
+def _limit(value: str | None, high: int, code: ErrorCode) -> int | None:
+    """``default`` -> None (the settings' value); else 1..high, or ``code``."""
     if value == "default":
         return None
-    if value is None or not _NUMBER.match(value) or not 1 <= int(value) <= MAX_ATTEMPTS_LIMIT:
-        raise QueueError(
-            ErrorCode.INVALID_MAX_ATTEMPTS,
-            f"{value!r}: 1..{MAX_ATTEMPTS_LIMIT} or default",
-        )
+    if value is None or not _NUMBER.match(value) or not 1 <= int(value) <= high:
+        raise QueueError(code, f"{value!r}: 1..{high} or default")
     return int(value)
+
+
+def parse_max_attempts(value: str | None) -> int | None:
+    """``default`` -> None (the settings' value); else 1..65535, or INVALID_MAX_ATTEMPTS."""
+    return _limit(value, MAX_ATTEMPTS_LIMIT, ErrorCode.INVALID_MAX_ATTEMPTS)
+
+
+@router.post(
+    "/topic/configure",
+    summary="Change a topic's message TTL",
+    responses={
+        200: {"description": "Done (empty body)"},
+        **error_doc(
+            ErrorCode.MISSING_ARG_TOPIC,
+            ErrorCode.INVALID_TOPIC,
+            ErrorCode.TOPIC_NOT_FOUND,
+            ErrorCode.INVALID_TTL,
+        ),
+    },
+    response_class=Response,
+)
+async def topic_configure(request: Request, topic: Topic = None, ttl_ms: TtlMs = None) -> Response:
+    name = require_topic(topic)
+    ttl = _limit(ttl_ms, MAX_TTL_MS, ErrorCode.INVALID_TTL)
+    await broker_of(request).configure_topic(name, ttl_ms=ttl)
+    return ok_empty()
 
 
 @router.post(
