@@ -232,3 +232,25 @@ def test_rdy_bounds_what_is_in_flight(server: Server) -> None:
     with pytest.raises(TimeoutError):
         wire.message(timeout_s=2)  # RDY 0: nothing, whatever is free
     wire.close()
+
+
+def test_max_attempts_dead_letters_tcp_deliveries_as_http_ones(server: Server) -> None:
+    topic, channel = "tcp_dead", "c"
+    with httpx.Client(base_url=server.url, verify=server.verify, timeout=30) as http:
+        assert http.post("/topic/create", params={"topic": topic}).is_success
+        params = {"topic": topic, "channel": channel, "max_attempts": "2"}
+        assert http.post("/channel/create", params=params).status_code == 200
+    wire = _subscriber(server, topic, channel, 1)
+    _publish(server, topic, [b"poison"])
+    for attempt in (1, 2):
+        message = wire.message()
+        assert (message.body, message.attempts) == (b"poison", attempt)
+        wire.send(b"REQ " + message.id + b" 0\n")
+    with pytest.raises(TimeoutError):
+        wire.message(timeout_s=2)  # its two attempts are spent: dead-lettered, not delivered
+    wire.close()
+    with httpx.Client(base_url=server.url, verify=server.verify, timeout=30) as http:
+        dead = http.get("/channel/dead", params={"topic": topic, "channel": channel}).json()
+        [letter] = dead["messages"]
+        assert letter["id"] == message.id.decode() and letter["attempts"] == 2
+        assert letter["last_event"] == "REQ" and letter["last_consumer"].startswith("t@")

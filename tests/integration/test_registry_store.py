@@ -1,0 +1,61 @@
+"""The registry table across deltaq versions: an older registry (no ``options`` column) is
+read as it is, and gains the column when an API opens it to write."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from queue_engine.registry import Action, Registry, RegistryEvent
+from queue_engine.store.registry_store import RegistryReader, RegistryStore, load_events
+from queue_engine.store.tables import REGISTRY_SCHEMA
+
+_OLD_SCHEMA = pa.schema([f for f in REGISTRY_SCHEMA if f.name != "options"])
+
+
+def _old_registry(path: Path) -> None:
+    rows = pa.Table.from_pylist(
+        [
+            {"seq": 0, "at": 1, "action": "topic_create", "topic": "t"},
+            {"seq": 1, "at": 2, "action": "channel_create", "topic": "t", "channel": "c"},
+        ],
+        schema=_OLD_SCHEMA,
+    )
+    write_deltalake(str(path), rows)
+
+
+def test_an_older_registry_is_read_then_migrated_by_its_writer(tmp_path: Path) -> None:
+    path = tmp_path / "registry"
+    _old_registry(path)
+    # Readers (the fanout, the views) change nothing.
+    assert [e.action for e in load_events(str(path))] == [
+        Action.TOPIC_CREATE,
+        Action.CHANNEL_CREATE,
+    ]
+    assert "options" not in DeltaTable(str(path)).schema().to_arrow().names
+
+    store = RegistryStore(str(path))
+    store.append(
+        RegistryEvent(2, 3, Action.CHANNEL_CONFIGURE, "t", "c", options={"max_attempts": 4})
+    )
+    store.append(RegistryEvent(3, 4, Action.TOPIC_CONFIGURE, "t", options={"ttl_ms": 500}))
+    store.close()
+    assert "options" in DeltaTable(str(path)).schema().to_arrow().names
+    registry = Registry.fold(load_events(str(path)))
+    assert registry.topics["t"].channels["c"].max_attempts == 4
+    assert registry.topics["t"].ttl_ms == 500
+    assert RegistryReader(str(path)).get().topics["t"].ttl_ms == 500
+
+    # Back to the default: null in the options, None in the registry.
+    again = RegistryStore(str(path))
+    again.append(
+        RegistryEvent(4, 5, Action.CHANNEL_CONFIGURE, "t", "c", options={"max_attempts": None})
+    )
+    again.close()
+    assert Registry.fold(load_events(str(path))).topics["t"].channels["c"].max_attempts is None
+
+
+def test_a_missing_registry_reads_as_empty(tmp_path: Path) -> None:
+    assert load_events(str(tmp_path / "none")) == []
