@@ -103,6 +103,7 @@ async def overview(request: Request) -> Response:
                 "depth": c.depth,
                 "in_flight": c.in_flight_count,
                 "deferred": c.deferred_count,
+                "dead": c.dead_count,
                 "requeued": c.requeue_count,
                 "timed_out": c.timeout_count,
                 "clients": c.client_count,

@@ -96,7 +96,7 @@ function render(overview) {
     link.addEventListener("click", () => select(t.name, null));
     name.appendChild(link);
     cell(row, fmt(t.depth), "depth");
-    cell(row, ""); cell(row, ""); cell(row, ""); cell(row, ""); cell(row, "");
+    cell(row, ""); cell(row, ""); cell(row, ""); cell(row, ""); cell(row, ""); cell(row, "");
     cell(row, fmt(t.publish_rate, 1), "publish-rate");
     cell(row, "");
     cell(row, `topic v${t.version}`);
@@ -116,6 +116,7 @@ function render(overview) {
       cell(crow, fmt(c.depth), "depth");
       cell(crow, fmt(c.in_flight), "in-flight");
       cell(crow, fmt(c.deferred));
+      cell(crow, fmt(c.dead), "dead");
       cell(crow, fmt(c.requeued));
       cell(crow, fmt(c.timed_out));
       cell(crow, fmt(c.clients));

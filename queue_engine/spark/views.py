@@ -158,9 +158,9 @@ def register_views(
         "state"
     )
 
-    _union(
-        spark, channels, wh.channel_dead_path, DEAD_LETTER_SCHEMA, when
-    ).createOrReplaceTempView("_deltaq_dead")
+    _union(spark, channels, wh.channel_dead_path, DEAD_LETTER_SCHEMA, when).createOrReplaceTempView(
+        "_deltaq_dead"
+    )
     spark.sql(_DEAD_LETTERS).createOrReplaceTempView("dead_letters")
 
     metas: list[tuple[str, str, StateMeta]] = []

@@ -55,6 +55,7 @@ def test_console_shows_and_acts(
     row = page.locator('tr[data-topic="web"][data-channel="c"]')
     row.wait_for(timeout=15_000)
     assert _cell(page, "web", "c", "depth") == "0"
+    assert _cell(page, "web", "c", "dead") == "0"
     page.screenshot(path=str(tmp_path / "console-empty.png"))
 
     for i in range(6):
