@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
+import signal
 import socket
 import sys
 from collections.abc import Callable
@@ -35,7 +37,12 @@ def serve(
     ``on_started`` is called once the server listens."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     # Before anything is opened: a second API on this warehouse stops here, with one line.
-    lock = WarehouseLock(settings.warehouse)
+    lock = WarehouseLock(
+        settings.warehouse,
+        # Lost on an object store (not renewed in time, or taken): stop serving, gracefully.
+        on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM),
+        lease_s=settings.store_lease_s,
+    )
     lock.acquire()
     try:
         if before_serving is not None:

@@ -126,6 +126,9 @@ class Settings(BaseSettings):
     # google_service_account, azure_storage_account_name, ...). Exported into the environment
     # as upper-case names where not already set there (queue_engine/store/object_store.py).
     storage_options: dict[str, str] = Field(default_factory=dict)
+    # On an object store, the API holds the warehouse with a lease it renews every third of
+    # this; after a kill -9 the next API waits up to this long for it to lapse.
+    store_lease_s: float = 15.0
 
     @classmethod
     def settings_customise_sources(

@@ -71,7 +71,8 @@ def site(request: pytest.FixtureRequest, tmp_path: Path) -> Site:
         return Site("local", str(tmp_path / "wh"), tmp_path, {})
     s3: S3Server = request.getfixturevalue("s3_server")
     root = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
-    return Site("s3", root, tmp_path, store_env(s3.endpoint))
+    # A short warehouse lease: an API restarted after kill -9 waits for the old one to lapse.
+    return Site("s3", root, tmp_path, {**store_env(s3.endpoint), "DELTAQ_STORE_LEASE_S": "3"})
 
 
 def deltaq(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
