@@ -126,7 +126,7 @@ class ChannelRuntime:
         self._on_waiting = on_waiting
         self.max_attempts = max_attempts
         self.ttl_ms = ttl_ms
-        self.queue = self._new_queue()
+        self.queue = self._configured(ChannelQueue())
         self._dead = DeadLetterStore(dead_path)
         # Held from taking dead letters until their DEAD events are submitted, and by a
         # redrive: a REDRIVE never reaches the ledger before the DEAD it undoes.
@@ -166,9 +166,7 @@ class ChannelRuntime:
                 self.state_path,
                 now_us(),
             )
-            self.queue, self._reader = restored.queue, restored.reader
-            self.queue.max_attempts = self.max_attempts
-            self.queue.ttl_us = self.ttl_ms * 1000
+            self.queue, self._reader = self._configured(restored.queue), restored.reader
             self._known_unread = restored.known_unread
             self._ledger_seen = restored.ledger_version
             self._broken = False
@@ -192,8 +190,8 @@ class ChannelRuntime:
         self.ttl_ms = ttl_ms
         self.queue.ttl_us = ttl_ms * 1000
 
-    def _new_queue(self) -> ChannelQueue:
-        queue = ChannelQueue()
+    def _configured(self, queue: ChannelQueue) -> ChannelQueue:
+        """``queue`` with this channel's delivery limit and TTL."""
         queue.max_attempts = self.max_attempts
         queue.ttl_us = self.ttl_ms * 1000
         return queue

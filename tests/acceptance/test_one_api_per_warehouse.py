@@ -19,6 +19,22 @@ from tests.conftest import HOST, ROOT, Server, free_port
 from tests.s3 import S3Server, client_arguments, store_env
 
 
+def _api(warehouse: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``deltaq api`` on ``warehouse``, to its end (a refused start ends at once)."""
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "deltaq", "api", "--warehouse", warehouse),
+            *("--host", HOST, "--port", str(free_port()), "--tcp-port", "0"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
 def test_a_second_api_on_one_warehouse_refuses(
     server_factory: type[Server], tmp_path: Path
 ) -> None:
@@ -27,17 +43,7 @@ def test_a_second_api_on_one_warehouse_refuses(
     assert httpx.post(f"{first.url}/pub?topic=t", content=b"kept").text == "OK"
     assert first.process is not None
 
-    second = subprocess.run(
-        [
-            *(sys.executable, "-m", "deltaq", "api", "--warehouse", str(warehouse)),
-            *("--host", HOST, "--port", str(free_port()), "--tcp-port", "0"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        check=False,
-    )
+    second = _api(str(warehouse))
     assert second.returncode == 1
     [line] = second.stderr.strip().splitlines()
     assert line.startswith("deltaq api: error: warehouse ")
@@ -60,18 +66,7 @@ def test_on_an_object_store_a_lease_keeps_one_api_and_a_takeover_stops_the_holde
     assert first.process is not None
 
     # The second waits for the lease to lapse; the holder renews it: refused, one line.
-    second = subprocess.run(
-        [
-            *(sys.executable, "-m", "deltaq", "api", "--warehouse", root),
-            *("--host", HOST, "--port", str(free_port()), "--tcp-port", "0"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env={**os.environ, **env},
-        check=False,
-    )
+    second = _api(root, env)
     assert second.returncode == 1, second.stderr
     line = second.stderr.strip().splitlines()[-1]
     assert line.startswith(f"deltaq api: error: warehouse {root} is already served")
