@@ -182,7 +182,8 @@ def state_from_values(values: Sequence[Any], status: str) -> MessageState:
         timeouts,
     ) = values
     dead = status == Status.DEAD
-    if attempts == 0 and deliver_at is None and requeues == 0 and not dead:
+    # Never delivered, or redriven (attempts start again) with no counts to keep.
+    if attempts == 0 and deliver_at is None and not requeues and not timeouts and not dead:
         return FRESH
     return MessageState(
         attempts=attempts,
@@ -219,7 +220,10 @@ def load_states(table: pa.Table) -> tuple[dict[str, MessageState], set[str], int
         return {}, set(), None
     fresh = pc.and_(
         pc.and_(pc.equal(table["attempts"], 0), pc.is_null(table["deliver_at"])),
-        pc.and_(pc.equal(table["requeues"], 0), pc.not_equal(table["status"], Status.DEAD.value)),
+        pc.and_(
+            pc.and_(pc.equal(table["requeues"], 0), pc.equal(table["timeouts"], 0)),
+            pc.not_equal(table["status"], Status.DEAD.value),
+        ),
     )
     unstarted = set(table.filter(fresh)["id"].to_pylist())
     lowest = pc.min(table["topic_version"]).as_py()

@@ -48,3 +48,23 @@ def test_state_plus_tail_equals_one_pass(channel: Channel, data: st.DataObject) 
     got = {k: v for k, v in comparable(rows_as_states(second)).items() if v[0] != FINISHED}
     assert got == {k: v for k, v in live.items() if k not in gone}
     assert not gone & set(got)
+
+
+def test_a_redriven_message_keeps_its_counts_through_a_state_row() -> None:
+    """Redriven: attempts are 0 again, but the timeout it had still counts (a row that looked
+    never delivered once lost it)."""
+    from queue_engine.lease import EventKind, LeaseEvent
+
+    m = "0000000000000001"
+    lease = "1-aaaaaaaaaaaa"
+    events = [
+        LeaseEvent(m, EventKind.DELIVER, 1, BASE_US, lease, BASE_US + 10),
+        LeaseEvent(m, EventKind.TIMEOUT, 1, BASE_US + 20),
+        LeaseEvent(m, EventKind.DEAD, 1, BASE_US + 30),
+        LeaseEvent(m, EventKind.REDRIVE, 1, BASE_US + 40),
+    ]
+    channel = Channel([m], [None], events)
+    rows = fold_tables(None, channel.messages(), channel.ledger(), BASE_US + 50, ledger_version=0)
+    [row] = rows.to_pylist()
+    assert (row["status"], row["attempts"], row["timeouts"]) == ("ready", 0, 1)
+    assert comparable(rows_as_states(rows)) == comparable(python_fold(channel, BASE_US + 50))
