@@ -300,7 +300,7 @@ class ChannelRuntime:
             wanted = sorted(self.queue.dead) if ids is None else ids
             if not wanted:
                 return 0
-            bodies = await asyncio.to_thread(self._dead.bodies, wanted)
+            bodies = await asyncio.to_thread(self._dead.latest, wanted)
             if self._broken:
                 raise QueueError(ErrorCode.E_COMMIT_FAILED, "channel is reloading")
             events = self.queue.redrive(wanted, now_us())
@@ -319,10 +319,7 @@ class ChannelRuntime:
 
     async def dead_letters(self, limit: int) -> pa.Table:
         """The channel's current dead letters (at most ``limit``, longest dead first)."""
-        dead = sorted(self.queue.dead)
-        if not dead:
-            return await asyncio.to_thread(self._dead.latest, [])
-        table = await asyncio.to_thread(self._dead.latest, dead)
+        table = await asyncio.to_thread(self._dead.latest, sorted(self.queue.dead))
         return table.slice(0, limit)
 
     # -- background work (called by the broker's pump) ---------------------------------------

@@ -110,6 +110,21 @@ class Server:
         return read_topic(self.warehouse, topic)
 
 
+def run_deltaq(
+    *args: str, env: dict[str, str] | None = None, timeout_s: float = 240
+) -> subprocess.CompletedProcess[str]:
+    """``deltaq <args>`` as its own process, to its end (``env``: its whole environment)."""
+    return subprocess.run(
+        [sys.executable, "-m", "deltaq", *args],
+        env=os.environ.copy() if env is None else env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
 def read_topic(warehouse: Path, topic: str) -> pa.Table:
     return DeltaTable(str(warehouse / "topics" / topic.replace("#", "@"))).to_pyarrow_table()
 

@@ -39,7 +39,7 @@ def letters_to_arrow(letters: Sequence[DeadLetter]) -> pa.Table:
 
 
 class DeadLetterStore:
-    """Appends dead letters to one channel's table and reads their bodies back."""
+    """Appends dead letters to one channel's table and reads the newest of given ids back."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -62,29 +62,11 @@ class DeadLetterStore:
                 raise
             return version
 
-    def bodies(self, ids: Sequence[str]) -> pa.Table:
-        """(id, body, published_at) of ``ids``' dead-letter rows (one per id; any of its rows:
-        a message's body never changes)."""
-        try:
-            dt = DeltaTable(self.path)
-        except Exception:
-            return DEAD_LETTER_SCHEMA.empty_table().select(["id", "body", "published_at"])
-        wanted = pa.array(list(ids), pa.string())
-        table = dt.to_pyarrow_dataset().to_table(
-            columns=["id", "body", "published_at"],
-            filter=pc.field("id").isin(wanted),
-        )
-        seen: set[str] = set()
-        keep = []
-        for i, message_id in enumerate(table["id"].to_pylist()):
-            if message_id not in seen:
-                seen.add(message_id)
-                keep.append(i)
-        return table.take(pa.array(keep, pa.int64()))
-
     def latest(self, ids: Sequence[str]) -> pa.Table:
         """The newest dead-letter row of each of ``ids`` (a message may have died before, been
         redriven, and died again), oldest death first."""
+        if not ids:
+            return DEAD_LETTER_SCHEMA.empty_table()
         try:
             dt = DeltaTable(self.path)
         except Exception:

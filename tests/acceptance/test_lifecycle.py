@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +18,7 @@ from queue_engine.spark.sweep import sweep
 from queue_engine.spark.views import register_views
 from queue_engine.store.ledger import read_ledger
 from queue_engine.store.tables import Warehouse
-from tests.conftest import Server
+from tests.conftest import Server, run_deltaq
 from tests.consumers import answer, body, channel_stats, create_channel, sub
 
 
@@ -75,7 +73,7 @@ def test_a_message_past_max_attempts_is_dead_lettered_not_delivered(
     assert stats["dead_count"] == 3 and stats["max_attempts"] == 2 and stats["depth"] == 0
     dead = _dead(http, "dl", "c")
     assert dead["dead_count"] == 3
-    assert sorted(base64_body(m) for m in dead["messages"]) == [b"a", b"b", b"c"]
+    assert sorted(body(m) for m in dead["messages"]) == [b"a", b"b", b"c"]
     for m in dead["messages"]:
         assert m["attempts"] == 2 and m["last_event"] == "REQ"
         assert m["last_consumer"] == "worker-2"
@@ -93,20 +91,6 @@ def test_a_message_past_max_attempts_is_dead_lettered_not_delivered(
     assert "dead: 3" in text
     metrics = http.get("/metrics").text
     assert 'deltaq_channel_dead{channel="c",topic="dl"} 3.0' in metrics
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "deltaq", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def base64_body(message: dict[str, Any]) -> bytes:
-    return body(message)
 
 
 def test_dead_letters_stay_dead_across_a_restart_and_a_kill(
@@ -139,12 +123,12 @@ def test_redrive_named_then_all_resets_attempts_once(server: Server) -> None:
         assert channel_stats(http, "dl", "c")["dead_count"] == 2
 
         # deltaq redrive asks the API: a named id that is not dead fails the whole call.
-        refused_cli = _cli(
+        refused_cli = run_deltaq(
             "redrive", "--api", server.url, "--topic", "dl", "--channel", "c", "--id", ids[0]
         )
         assert refused_cli.returncode == 1 and "E_REDRIVE_FAILED" in refused_cli.stderr
         assert channel_stats(http, "dl", "c")["dead_count"] == 2
-        done = _cli("redrive", "--api", server.url, "--topic", "dl", "--channel", "c")
+        done = run_deltaq("redrive", "--api", server.url, "--topic", "dl", "--channel", "c")
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == "2 dead letters of dl/c redriven"
         assert _redrive(http, "dl", "c").json() == {"redriven": 0}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -26,7 +25,7 @@ from deltalake import DeltaTable
 
 from queue_engine.store.tables import Warehouse
 from tests.acceptance.conftest import BUCKET
-from tests.conftest import ROOT, Server
+from tests.conftest import Server, run_deltaq
 from tests.consumers import answer, body, channel_stats, create_channel, sub
 from tests.s3 import (
     S3Server,
@@ -77,15 +76,7 @@ def site(request: pytest.FixtureRequest, tmp_path: Path) -> Site:
 
 def deltaq(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """``deltaq <args>`` as its own process, with the store's variables ``env``."""
-    return subprocess.run(
-        [sys.executable, "-m", "deltaq", *args],
-        env={**os.environ, **env},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    return run_deltaq(*args, env={**os.environ, **env})
 
 
 def publish(c: httpx.Client, topic: str, n: int, prefix: str) -> set[bytes]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from pyspark.sql import SparkSession
 from queue_engine.spark.sweep import sweep
 from queue_engine.spark.views import register_views
 from queue_engine.store.tables import Warehouse
-from tests.conftest import ROOT, Server
+from tests.conftest import Server, run_deltaq
 from tests.consumers import answer, body, channel_stats, create_channel, sub
 
 
@@ -176,15 +175,8 @@ def test_topic_depth_counts_what_no_channel_has_taken(http: httpx.Client) -> Non
 
 
 def _deltaq(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "deltaq", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-        env={k: v for k, v in os.environ.items() if not k.startswith("DELTAQ_")},
-    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DELTAQ_")}
+    return run_deltaq(*args, env=env)
 
 
 @pytest.mark.slow
