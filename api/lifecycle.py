@@ -1,5 +1,5 @@
-"""A message's life over HTTP: a topic's message TTL, a channel's max_attempts, its dead
-letters, and redriving them.
+"""A message's life over HTTP: a topic's message TTL and retention, a channel's max_attempts,
+its dead letters, and redriving them.
 
 A topic's ``ttl_ms`` (/topic/configure; the settings' ``message_ttl_ms`` otherwise) is how long
 after publishing a message may still be delivered; an older one is expired (an EXPIRE ledger
@@ -7,6 +7,8 @@ event) instead. A channel's ``max_attempts`` (set at /channel/create or with
 /channel/configure; the settings' ``max_attempts`` otherwise) is how many deliveries a message
 gets; one that had them all is moved to the channel's dead-letter table instead of being
 delivered again. /channel/redrive makes dead letters ready again with their attempts reset.
+A topic's ``retention_hours`` and ``retention`` say how long its rows are kept (the sweep's
+upkeep removes them: queue_engine/retention.py).
 """
 
 from __future__ import annotations
@@ -30,7 +32,11 @@ router = APIRouter(tags=["dead letters"])
 MAX_ATTEMPTS_LIMIT = 65_535
 # A year.
 MAX_TTL_MS = 365 * 24 * 3_600_000
+# Ten years.
+MAX_RETENTION_HOURS = 87_600
 _NUMBER = re.compile(r"^[0-9]{1,12}$")
+# A decimal number (as JSON writes one: exponents allowed, no sign, nan or inf).
+_HOURS = re.compile(r"^[0-9]{1,12}(\.[0-9]{1,20})?([eE][-+]?[0-9]{1,3})?$")
 _MESSAGE_ID = re.compile(r"^[0-9a-f]{16}$")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -54,6 +60,22 @@ TtlMs = Annotated[
 ]
 
 
+RetentionHours = Annotated[
+    str | None,
+    Query(
+        description=f"Hours a message's row is kept after publishing: 0..{MAX_RETENTION_HOURS} "
+        "(decimals allowed; 0: kept for ever), or `default` for the settings' retention_hours"
+    ),
+]
+Retention = Annotated[
+    str | None,
+    Query(
+        description="`taken`: rows are removed only once every channel has taken them; "
+        "`fixed`: after retention_hours regardless; `default`: the settings' retention"
+    ),
+]
+
+
 def _limit(value: str | None, high: int, code: ErrorCode) -> int | None:
     """``default`` -> None (the settings' value); else 1..high, or ``code``."""
     if value == "default":
@@ -70,7 +92,7 @@ def parse_max_attempts(value: str | None) -> int | None:
 
 @router.post(
     "/topic/configure",
-    summary="Change a topic's message TTL",
+    summary="Change a topic's message TTL and retention",
     responses={
         200: {"description": "Done (empty body)"},
         **error_doc(
@@ -78,15 +100,46 @@ def parse_max_attempts(value: str | None) -> int | None:
             ErrorCode.INVALID_TOPIC,
             ErrorCode.TOPIC_NOT_FOUND,
             ErrorCode.INVALID_TTL,
+            ErrorCode.INVALID_RETENTION,
+            ErrorCode.E_INVALID,
         ),
     },
     response_class=Response,
 )
-async def topic_configure(request: Request, topic: Topic = None, ttl_ms: TtlMs = None) -> Response:
+async def topic_configure(
+    request: Request,
+    topic: Topic = None,
+    ttl_ms: TtlMs = None,
+    retention_hours: RetentionHours = None,
+    retention: Retention = None,
+) -> Response:
+    """Only the settings given change; at least one must be."""
     name = require_topic(topic)
-    ttl = _limit(ttl_ms, MAX_TTL_MS, ErrorCode.INVALID_TTL)
-    await broker_of(request).configure_topic(name, ttl_ms=ttl)
+    options: dict[str, Any] = {}
+    if ttl_ms is not None:
+        options["ttl_ms"] = _limit(ttl_ms, MAX_TTL_MS, ErrorCode.INVALID_TTL)
+    if retention_hours is not None:
+        options["retention_hours"] = parse_retention_hours(retention_hours)
+    if retention is not None:
+        if retention not in ("taken", "fixed", "default"):
+            raise QueueError(ErrorCode.INVALID_RETENTION, f"{retention!r}: taken, fixed or default")
+        options["retention"] = None if retention == "default" else retention
+    if not options:
+        wanted = "nothing to change: ttl_ms, retention_hours or retention"
+        raise QueueError(ErrorCode.E_INVALID, wanted, param="topic")
+    await broker_of(request).configure_topic(name, options)
     return ok_empty()
+
+
+def parse_retention_hours(value: str) -> float | None:
+    """``default`` -> None (the settings' value); else 0..MAX_RETENTION_HOURS, or
+    INVALID_RETENTION."""
+    if value == "default":
+        return None
+    if not _HOURS.match(value) or float(value) > MAX_RETENTION_HOURS:
+        wanted = f"{value!r}: 0..{MAX_RETENTION_HOURS} or default"
+        raise QueueError(ErrorCode.INVALID_RETENTION, wanted)
+    return float(value)
 
 
 @router.post(

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from api.consume import MAX_CONSUMER_CHARS, MAX_WAIT_MS, MIN_MSG_TIMEOUT_MS
-from api.lifecycle import MAX_ATTEMPTS_LIMIT, MAX_TTL_MS
+from api.lifecycle import MAX_ATTEMPTS_LIMIT, MAX_RETENTION_HOURS, MAX_TTL_MS
 from queue_engine.names import MAX_NAME_LENGTH
 from queue_engine.settings import Settings
 
@@ -28,7 +28,7 @@ ANSWER_LINES = r"^([0-9a-f]{16} [0-9]{1,9}-[0-9a-f]{12}\n)+$"
 _OPTIONAL_NAMES = {"/stats"}
 # Query parameters FastAPI sees as optional (the handler answers their absence with nsqd's
 # codes) that an operation needs.
-_REQUIRED = {("/channel/configure", "max_attempts"), ("/topic/configure", "ttl_ms")}
+_REQUIRED = {("/channel/configure", "max_attempts")}
 _ERROR: dict[str, Any] = {
     "type": "object",
     "properties": {"message": {"type": "string"}},
@@ -56,6 +56,13 @@ def _parameters(settings: Settings) -> dict[str, dict[str, Any]]:
         "id": {"type": "string", "pattern": "^[0-9a-f]{16}$"},
         "max_attempts": _limit_or_default(MAX_ATTEMPTS_LIMIT),
         "ttl_ms": _limit_or_default(MAX_TTL_MS),
+        "retention_hours": {
+            "anyOf": [
+                {"type": "number", "minimum": 0, "maximum": MAX_RETENTION_HOURS},
+                {"type": "string", "enum": ["default"]},
+            ]
+        },
+        "retention": {"type": "string", "enum": ["taken", "fixed", "default"]},
     }
 
 

@@ -1,7 +1,8 @@
 """The sweep job: deltaq sweep, or spark-submit jobs/sweep.py --warehouse W [--once].
 
 Folds each channel's new ledger events into its state table, times out leases that ended,
-releases due deferrals, and keeps the tables small (checkpoints, compaction, vacuum).
+releases due deferrals, and keeps the tables small (checkpoints, compaction, vacuum) and
+bounded (retention: rows past the topics' retention_hours and finished_retention_hours).
 --once (the default) sweeps once and exits, for cron, Airflow or any scheduler;
 --every SECONDS repeats until SIGINT/SIGTERM.
 """
@@ -13,6 +14,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from types import FrameType
 
 if __name__ == "__main__":
@@ -40,14 +42,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_every(spark: object, settings: Settings, every_s: float, stop: threading.Event) -> None:
     """Sweep, then wait ``every_s`` (or until ``stop``), until ``stop`` is set. A failed sweep
     is logged and retried at the next interval: it leaves nothing half-written."""
+    from queue_engine.retention import RetentionPolicy
     from queue_engine.spark.sweep import sweep
     from queue_engine.store.tables import Warehouse
 
     wh = Warehouse(settings.warehouse)
     upkeep = maintenance(settings)
+    policy = RetentionPolicy.from_settings(settings)
+    # The first sweep runs a retention pass, then one per retention_interval_s.
+    retained_at = float("-inf")
     while not stop.is_set():
+        due = time.monotonic() - retained_at >= settings.retention_interval_s
         try:
-            sweep(spark, wh, maintenance=upkeep)  # type: ignore[arg-type]
+            sweep(spark, wh, maintenance=upkeep, retention=policy if due else None)  # type: ignore[arg-type]
+            if due:
+                retained_at = time.monotonic()
         except Exception:
             if stop.is_set():
                 return
@@ -63,6 +72,7 @@ def maintenance(settings: Settings) -> object:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    from queue_engine.retention import RetentionPolicy
     from queue_engine.spark.session import build_session
     from queue_engine.spark.sweep import sweep
     from queue_engine.store.tables import Warehouse
@@ -80,11 +90,18 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 force=args.force,
                 maintenance=maintenance(settings),  # type: ignore[arg-type]
                 progress=progress,
+                retention=RetentionPolicy.from_settings(settings),
             )
             progress.done(
                 f"swept {report.channels_swept} channels ({report.channels_skipped} unchanged): "
                 f"{report.live} live, {report.timeouts} timed out, {report.finished} finished "
                 f"in {report.seconds:.1f} s"
+                + (
+                    f"; retention removed {report.retention.files_removed} files "
+                    f"({report.retention.rows_removed} rows)"
+                    if report.retention is not None
+                    else ""
+                )
             )
             return 0
         stop = threading.Event()

@@ -299,12 +299,15 @@ class Broker:
         if runtime is not None:
             runtime.set_max_attempts(self._max_attempts(topic, channel))
 
-    async def configure_topic(self, topic: str, *, ttl_ms: int | None) -> None:
-        """Set the topic's message TTL (None: back to the settings' default)."""
+    async def configure_topic(self, topic: str, options: dict[str, Any]) -> None:
+        """Change the topic's settings named in ``options`` (``ttl_ms``, ``retention_hours``,
+        ``retention``; a None value: back to the settings' default). Recorded only if
+        something changes."""
         async with self._admin:
             info = self.registry.existing_topic(topic)
-            if info.ttl_ms != ttl_ms:
-                await self._record(Action.TOPIC_CONFIGURE, topic, options={"ttl_ms": ttl_ms})
+            changed = {k: v for k, v in options.items() if getattr(info, k) != v}
+            if changed:
+                await self._record(Action.TOPIC_CONFIGURE, topic, options=changed)
         for (name, _), runtime in list(self._channels.items()):
             if name == topic:
                 runtime.set_ttl(self._ttl_ms(topic))

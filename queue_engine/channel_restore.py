@@ -102,6 +102,9 @@ def _from_state(
     queue.timeout_count += meta.finished_timeouts
     queue.restore_checkpoint(unstarted, meta.topic_version)
     paths = reader.snapshot(skip_below_topic_version=lowest)
+    # Retention may have removed the files of every FIN'd row: the fanout's position is then
+    # known from the state alone.
+    reader.max_topic_version = max(reader.max_topic_version, meta.topic_version)
     # Unread rows that will not enter the queue as new: all but the unstarted ones and
     # the rows newer than the state that no event has touched.
     new_rows = ChannelReader.count_new(paths, meta.topic_version, set(folded))

@@ -30,6 +30,9 @@ class ErrorCode(StrEnum):
     INVALID_MAX_ATTEMPTS = "INVALID_MAX_ATTEMPTS"
     # deltaq: a topic's ttl_ms outside 1..MAX_TTL_MS (or "default").
     INVALID_TTL = "INVALID_TTL"
+    # deltaq: a topic's retention_hours outside 0..MAX_RETENTION_HOURS, or retention not
+    # taken/fixed (or "default").
+    INVALID_RETENTION = "INVALID_RETENTION"
     TOPIC_NOT_FOUND = "TOPIC_NOT_FOUND"
     CHANNEL_NOT_FOUND = "CHANNEL_NOT_FOUND"
     NOT_FOUND = "NOT_FOUND"

@@ -21,7 +21,8 @@ class Action(StrEnum):
     TOPIC_PAUSE = "topic_pause"
     TOPIC_UNPAUSE = "topic_unpause"
     TOPIC_EMPTY = "topic_empty"
-    # Per-topic settings (``options``: ttl_ms; null values mean "the default").
+    # Per-topic settings (``options``: ttl_ms, retention_hours, retention; only the keys given
+    # change; a null value means "the default").
     TOPIC_CONFIGURE = "topic_configure"
     CHANNEL_CREATE = "channel_create"
     CHANNEL_DELETE = "channel_delete"
@@ -83,6 +84,10 @@ class TopicInfo:
     channels: dict[str, ChannelInfo] = field(default_factory=dict)
     # Message TTL in ms after publishing (None: the settings' message_ttl_ms).
     ttl_ms: int | None = None
+    # Hours a message's row is kept after publishing (None: the settings' retention_hours),
+    # and whether every channel must have taken it first ("taken") or not ("fixed").
+    retention_hours: float | None = None
+    retention: str | None = None
 
     @property
     def ephemeral(self) -> bool:
@@ -127,6 +132,12 @@ class Registry:
                 if "ttl_ms" in options:
                     value = options["ttl_ms"]
                     topic.ttl_ms = None if value is None else int(value)
+                if "retention_hours" in options:
+                    hours = options["retention_hours"]
+                    topic.retention_hours = None if hours is None else float(hours)
+                if "retention" in options:
+                    mode = options["retention"]
+                    topic.retention = None if mode is None else str(mode)
             case Action.CHANNEL_CREATE if topic is not None and event.channel is not None:
                 if event.channel not in topic.channels:
                     topic.channels[event.channel] = ChannelInfo(

@@ -31,6 +31,15 @@ class AckMode(StrEnum):
     BUFFER = "buffer"
 
 
+class RetentionMode(StrEnum):
+    """When a topic's rows may be removed."""
+
+    # retention_hours after publishing, and only once every channel has taken them.
+    TAKEN = "taken"
+    # retention_hours after publishing, whether or not every channel has taken them.
+    FIXED = "fixed"
+
+
 class Settings(BaseSettings):
     """Everything configurable about a deltaq process."""
 
@@ -82,6 +91,17 @@ class Settings(BaseSettings):
     # Messages not delivered within this many ms of publishing are expired instead (an EXPIRE
     # ledger event; 0: never). Topics may override it.
     message_ttl_ms: int = 0
+    # Retention (the sweep's upkeep, queue_engine/retention.py): a topic's rows are removed
+    # this many hours after publishing (0: kept for ever; Kafka's default is the same week),
+    # with "taken" only once every channel has taken them, with "fixed" regardless. Topics
+    # may override both.
+    retention_hours: float = 168.0
+    retention: RetentionMode = RetentionMode.TAKEN
+    # A channel's rows (messages table and ledger) are removed this long after the message
+    # was FIN'd or expired (0: kept for ever). Live and dead messages keep theirs.
+    finished_retention_hours: float = 168.0
+    # Seconds between two retention passes of deltaq sweep --every (and deltaq up).
+    retention_interval_s: float = 300.0
     # Messages of a channel held in memory (with bodies) ready to deliver; the rest of a backlog
     # stays in the channel table and is read as the window drains (nsqd's mem-queue-size).
     mem_queue_size: int = 10_000

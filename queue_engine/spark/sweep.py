@@ -30,6 +30,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from queue_engine.retention import RetentionPolicy, RetentionReport, apply_retention
 from queue_engine.state_fold import (
     FINISHED,
     FOLD_INPUT_SCHEMA,
@@ -94,6 +95,8 @@ class SweepReport:
     finished: int = 0
     seconds: float = 0.0
     folded_on: str = "spark"  # or "driver" (inputs of at most LOCAL_FOLD_MAX_ROWS rows)
+    # What the retention pass after the sweep removed (None: no pass this time).
+    retention: RetentionReport | None = None
 
 
 def now_us() -> int:
@@ -238,9 +241,11 @@ def sweep(
     maintenance: Maintenance | None = None,
     local_max_rows: int = LOCAL_FOLD_MAX_ROWS,
     progress: Callable[[str], None] | None = None,
+    retention: RetentionPolicy | None = None,
 ) -> SweepReport:
     """One sweep of every channel that needs it; with ``maintenance``, the swept channels'
-    tables are then checkpointed, compacted and vacuumed by its policy. Inputs of at most
+    tables are then checkpointed, compacted and vacuumed by its policy; with ``retention``,
+    every table then loses the files past keeping (queue_engine/retention.py). Inputs of at most
     ``local_max_rows`` rows are folded on the driver (0: always by a Spark job).
     ``progress`` is told what the sweep is doing, a line at a time."""
     started = time.perf_counter()
@@ -250,6 +255,7 @@ def sweep(
     plans, skipped = plan(warehouse, now, force=force)
     report = SweepReport(channels_skipped=skipped)
     if not plans:
+        _retain(warehouse, retention, now, report, tell)
         report.seconds = time.perf_counter() - started
         return report
     parallelism = partitions or max(2, spark.sparkContext.defaultParallelism)
@@ -278,6 +284,7 @@ def sweep(
                     # A compaction racing the API's own upkeep of the ledger loses its commit;
                     # the next sweep tries again.
                     log.warning("upkeep of %s failed", path, exc_info=True)
+    _retain(warehouse, retention, now, report, tell)
     report.seconds = time.perf_counter() - started
     log.info(
         "sweep: %d channels swept, %d skipped; %d live, %d timed out, %d finished "
@@ -291,6 +298,25 @@ def sweep(
         report.seconds,
     )
     return report
+
+
+def _retain(
+    warehouse: Warehouse,
+    policy: RetentionPolicy | None,
+    now: int,
+    report: SweepReport,
+    tell: Callable[[str], None],
+) -> None:
+    """The retention pass, after the states it relies on were written."""
+    if policy is None:
+        return
+    tell("sweep: retention")
+    try:
+        registry = RegistryReader(warehouse.registry_path).get()
+        report.retention = apply_retention(warehouse, registry, policy, now)
+    except Exception:
+        # Nothing half-done: each removal is one commit. The next pass tries again.
+        log.warning("retention failed", exc_info=True)
 
 
 def _fold_with_spark(

@@ -105,6 +105,27 @@ def versions_added_files(
     return result
 
 
+def commit_info(root: str, version: int) -> dict[str, object] | None:
+    """The ``commitInfo`` of one version (None: its commit file is gone, or has none)."""
+    if is_remote(root):
+        data = read_object(f"{root.rstrip('/')}/{commit_file(version)}")
+        if data is None:
+            return None
+        text = data.decode()
+    else:
+        try:
+            with open(f"{os.path.abspath(root)}/{commit_file(version)}", "rb") as f:
+                text = f.read().decode()
+        except FileNotFoundError:
+            return None
+    for line in text.splitlines():
+        if '"commitInfo"' in line:
+            info = json.loads(line).get("commitInfo")
+            if isinstance(info, dict):
+                return info
+    return None
+
+
 def version_added_files(root: str, version: int) -> list[AddedFile]:
     """Data files that one version added with dataChange."""
     if is_remote(root):

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from queue_engine.lease import FRESH, MessageState, Status
+from queue_engine.store.commit_log import commit_info
 
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -139,6 +140,41 @@ def meta_of(dt: DeltaTable) -> StateMeta | None:
         if version > loaded:
             continue
         meta = StateMeta.from_commit_info(entry, version)
+        if meta is not None:
+            return meta
+    return None
+
+
+def meta_as_of(path: str, latest: StateMeta, swept_by_us: int) -> StateMeta | None:
+    """The newest sweep commit of the state table at ``path`` swept at or before
+    ``swept_by_us`` (None: none is left in the log). ``latest`` is the table's newest.
+
+    A binary search over the versions reading one commit file per step: a state table takes
+    a commit per sweep, tens of thousands in a week, too many to read its whole history."""
+    if latest.swept_at_us <= swept_by_us:
+        return latest
+    best: StateMeta | None = None
+    low, high = 0, latest.state_version - 1
+    while low <= high:
+        middle = (low + high) // 2
+        found = _sweep_meta_at_or_before(path, middle, low)
+        if found is None or found.swept_at_us <= swept_by_us:
+            if found is not None:
+                best = found
+            low = middle + 1
+        else:
+            high = middle - 1
+    return best
+
+
+def _sweep_meta_at_or_before(path: str, version: int, floor: int) -> StateMeta | None:
+    """The meta of the newest sweep commit in versions ``floor..version`` (upkeep commits
+    such as compaction carry none); None when there is none, or the log there is gone."""
+    for v in range(version, max(floor, version - 50) - 1, -1):
+        info = commit_info(path, v)
+        if info is None:
+            return None
+        meta = StateMeta.from_commit_info(info, v)
         if meta is not None:
             return meta
     return None
