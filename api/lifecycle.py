@@ -101,7 +101,6 @@ def parse_max_attempts(value: str | None) -> int | None:
             ErrorCode.TOPIC_NOT_FOUND,
             ErrorCode.INVALID_TTL,
             ErrorCode.INVALID_RETENTION,
-            ErrorCode.E_INVALID,
         ),
     },
     response_class=Response,
@@ -113,7 +112,7 @@ async def topic_configure(
     retention_hours: RetentionHours = None,
     retention: Retention = None,
 ) -> Response:
-    """Only the settings given change; at least one must be."""
+    """Only the settings given change (none given: nothing does, the topic must exist)."""
     name = require_topic(topic)
     options: dict[str, Any] = {}
     if ttl_ms is not None:
@@ -124,9 +123,6 @@ async def topic_configure(
         if retention not in ("taken", "fixed", "default"):
             raise QueueError(ErrorCode.INVALID_RETENTION, f"{retention!r}: taken, fixed or default")
         options["retention"] = None if retention == "default" else retention
-    if not options:
-        wanted = "nothing to change: ttl_ms, retention_hours or retention"
-        raise QueueError(ErrorCode.E_INVALID, wanted, param="topic")
     await broker_of(request).configure_topic(name, options)
     return ok_empty()
 
