@@ -412,6 +412,7 @@ class Broker:
             state_path=self.warehouse.channel_state_path(topic, channel),
             max_attempts=self._max_attempts(topic, channel),
             ttl_ms=self._ttl_ms(topic),
+            expired_dead=self.settings.expired_to_dead_letters,
             scan_leases=self.settings.scan_leases,
             mem_queue_size=self.settings.mem_queue_size,
             is_paused=lambda: self._channel_paused(topic, channel),

@@ -104,6 +104,7 @@ class ChannelRuntime:
         state_path: str | None = None,
         max_attempts: int = 0,
         ttl_ms: int = 0,
+        expired_dead: bool = False,
         scan_leases: bool = True,
         mem_queue_size: int,
         is_paused: Callable[[], bool],
@@ -126,6 +127,7 @@ class ChannelRuntime:
         self._on_waiting = on_waiting
         self.max_attempts = max_attempts
         self.ttl_ms = ttl_ms
+        self.expired_dead = expired_dead
         self.queue = self._configured(ChannelQueue())
         self._dead = DeadLetterStore(dead_path)
         # Held from taking dead letters until their DEAD events are submitted, and by a
@@ -191,9 +193,10 @@ class ChannelRuntime:
         self.queue.ttl_us = ttl_ms * 1000
 
     def _configured(self, queue: ChannelQueue) -> ChannelQueue:
-        """``queue`` with this channel's delivery limit and TTL."""
+        """``queue`` with this channel's delivery limit, TTL and what expiry does."""
         queue.max_attempts = self.max_attempts
         queue.ttl_us = self.ttl_ms * 1000
+        queue.expired_dead = self.expired_dead
         return queue
 
     def request_reopen(self) -> None:

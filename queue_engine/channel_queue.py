@@ -40,7 +40,7 @@ class DeadLetter(NamedTuple):
     published_at_us: int
     attempts: int
     last_consumer: str | None
-    # What ended its last attempt: TIMEOUT or REQ.
+    # What ended its last attempt (TIMEOUT or REQ), or EXPIRE: its TTL passed.
     last_event: str
     dead_at_us: int
 
@@ -99,6 +99,9 @@ class ChannelQueue:
         # Message TTL (µs after publishing; 0: none): ``take`` expires a ready message older
         # than that instead of delivering it.
         self.ttl_us = 0
+        # A message past its TTL goes to the dead-letter table (a DEAD event whose dead row
+        # says EXPIRE) instead of being ended by an EXPIRE event.
+        self.expired_dead = False
         self.expired_count = 0
         # Finished messages whose rows may still be read (from the table as it was at restore):
         # skipped when read. Not needed once every row of that snapshot has been read.
@@ -247,6 +250,10 @@ class ChannelQueue:
                 skipped.append(message_id)  # its row is not loaded yet
                 continue
             if oldest_published is not None and body[1] <= oldest_published:
+                if self.expired_dead:
+                    self.expired_count += 1
+                    events.append(self._kill(message_id, state, body, at, EventKind.EXPIRE))
+                    continue
                 expire = LeaseEvent(message_id, EventKind.EXPIRE, state.attempts, at)
                 self._set(message_id, apply(state, expire), at)
                 self.expired_count += 1
@@ -274,9 +281,15 @@ class ChannelQueue:
         return deliveries, events
 
     def _kill(
-        self, message_id: str, state: MessageState, body: tuple[bytes, int], at: int
+        self,
+        message_id: str,
+        state: MessageState,
+        body: tuple[bytes, int],
+        at: int,
+        cause: EventKind | None = None,
     ) -> LeaseEvent:
-        """Dead-letter a ready message that had all its attempts (at event time ``at``)."""
+        """Dead-letter a ready message (at event time ``at``): it had all its attempts, or
+        (``cause`` EXPIRE) its TTL passed."""
         event = LeaseEvent(message_id, EventKind.DEAD, state.attempts, at)
         self.dying.append(
             DeadLetter(
@@ -285,7 +298,11 @@ class ChannelQueue:
                 body[1],
                 state.attempts,
                 state.lease_owner,
-                EventKind.TIMEOUT.value if state.timed_out else EventKind.REQ.value,
+                cause.value
+                if cause is not None
+                else EventKind.TIMEOUT.value
+                if state.timed_out
+                else EventKind.REQ.value,
                 at,
             )
         )

@@ -145,7 +145,8 @@ def apply(state: MessageState, event: LeaseEvent) -> MessageState:
     if kind is EventKind.DEAD:
         if state.in_flight or event.attempt != state.attempts:
             return state
-        return state._replace(dead=True, timed_out=False)
+        # Not deferred any more: a dead message waits for a REDRIVE, not for a time.
+        return state._replace(dead=True, timed_out=False, deliver_at_us=None)
     if kind is EventKind.REDRIVE:
         return state
     if kind is EventKind.EXPIRE:

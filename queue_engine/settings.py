@@ -91,6 +91,9 @@ class Settings(BaseSettings):
     # Messages not delivered within this many ms of publishing are expired instead (an EXPIRE
     # ledger event; 0: never). Topics may override it.
     message_ttl_ms: int = 0
+    # An expired message goes to the channel's dead-letter table (its row's last_event is
+    # EXPIRE) instead of only being recorded as expired.
+    expired_to_dead_letters: bool = False
     # Retention (the sweep's upkeep, queue_engine/retention.py): a topic's rows are removed
     # this many hours after publishing (0: kept for ever; Kafka's default is the same week),
     # with "taken" only once every channel has taken them, with "fixed" regardless. Topics

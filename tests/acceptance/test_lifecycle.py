@@ -275,3 +275,38 @@ def test_bad_ttl_is_refused_and_changes_nothing(server: Server, value: str) -> N
         [m] = _sub_all(http, "dl", "c", 1)
         assert body(m) == b"kept"
         assert answer(http, "fin", "dl", "c", m).text == "OK"
+
+
+def test_with_expired_to_dead_letters_an_expired_message_is_dead_lettered(
+    server: Server, warehouse: Path
+) -> None:
+    server.stop()
+    server.env["DELTAQ_EXPIRED_TO_DEAD_LETTERS"] = "true"
+    try:
+        server.start()
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            create_channel(http, "ttl2dl", "c")
+            r = http.post("/topic/configure", params={"topic": "ttl2dl", "ttl_ms": "1000"})
+            assert r.status_code == 200, r.text
+            assert http.post("/pub", params={"topic": "ttl2dl"}, content=b"late").text == "OK"
+            time.sleep(1.5)
+            assert sub(http, "ttl2dl", "c", max=5, wait_ms=1500) == []
+            stats = channel_stats(http, "ttl2dl", "c")
+            assert (stats["dead_count"], stats["expired_count"], stats["depth"]) == (1, 1, 0)
+            [letter] = _dead(http, "ttl2dl", "c")["messages"]
+            assert body(letter) == b"late" and letter["last_event"] == "EXPIRE"
+            assert letter["attempts"] == 0
+            # Its TTL raised, a redriven message is delivered.
+            r = http.post("/topic/configure", params={"topic": "ttl2dl", "ttl_ms": "default"})
+            assert r.status_code == 200
+            assert _redrive(http, "ttl2dl", "c").json() == {"redriven": 1}
+            [m] = _sub_all(http, "ttl2dl", "c", 1)
+            assert body(m) == b"late" and m["attempts"] == 1
+            assert answer(http, "fin", "ttl2dl", "c", m).text == "OK"
+        events, _ = read_ledger(Warehouse(str(warehouse)).channel_ledger_path("ttl2dl", "c"))
+        kinds = [e.kind for e in sorted(events, key=lambda e: e.sort_key())]
+        assert kinds == [EventKind.DEAD, EventKind.REDRIVE, EventKind.DELIVER, EventKind.FIN]
+    finally:
+        server.stop()
+        del server.env["DELTAQ_EXPIRED_TO_DEAD_LETTERS"]
+        server.start()

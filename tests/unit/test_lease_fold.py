@@ -105,10 +105,10 @@ def operations(draw: st.DrawFn) -> list[tuple[str, int, int]]:
     return draw(st.lists(ops, max_size=60))
 
 
-@given(operations(), st.integers(0, 3), st.sampled_from([0, 60, 300]))
+@given(operations(), st.integers(0, 3), st.sampled_from([0, 60, 300]), st.booleans())
 @settings(max_examples=300, deadline=None)
 def test_the_live_queue_is_the_fold_of_what_it_wrote(
-    ops: list[tuple[str, int, int]], max_attempts: int, ttl_us: int
+    ops: list[tuple[str, int, int]], max_attempts: int, ttl_us: int, expired_dead: bool
 ) -> None:
     """Memory (ChannelQueue) equals the fold of the ledger events it produced, at every step;
     a message is never leased twice at once, and never delivered more than max_attempts times
@@ -116,11 +116,13 @@ def test_the_live_queue_is_the_fold_of_what_it_wrote(
     queue = ChannelQueue()
     queue.max_attempts = max_attempts
     queue.ttl_us = ttl_us
+    queue.expired_dead = expired_dead
     ids = [f"{i:016x}" for i in range(6)]
     now = 1_000
     queue.add(ids, [b"x"] * 6, [now] * 6, [None, None, None, None, None, now + 50], now)
     ledger: list[LeaseEvent] = []
     held: dict[str, str] = {}  # message id -> lease the "consumer" holds
+    expired_letters = 0
     for op, n, step in ops:
         now += step
         if op == "take":
@@ -133,8 +135,15 @@ def test_the_live_queue_is_the_fold_of_what_it_wrote(
             dying, queue.dying = queue.dying, []
             assert [e.id for e in events if e.kind is EventKind.DEAD] == [x.id for x in dying]
             for letter in dying:
-                assert letter.attempts == max_attempts and queue.states[letter.id].dead
-                assert letter.body == b"x" and letter.last_event in ("REQ", "TIMEOUT")
+                assert queue.states[letter.id].dead and letter.body == b"x"
+                if letter.last_event == "EXPIRE":
+                    assert expired_dead and ttl_us and letter.dead_at_us >= 1_000 + ttl_us
+                    expired_letters += 1
+                else:
+                    assert letter.attempts == max_attempts
+                    assert letter.last_event in ("REQ", "TIMEOUT")
+            # With expired_dead, expiry dead-letters: no EXPIRE event ends a message.
+            assert not expired_dead or all(e.kind is not EventKind.EXPIRE for e in events)
             ledger += events
             held.update({d.id: d.lease for d in deliveries})
         elif op == "expire":
@@ -181,7 +190,9 @@ def test_the_live_queue_is_the_fold_of_what_it_wrote(
                 if kind is not EventKind.TOUCH:
                     held.pop(message_id)
         folded = fold(ledger)
-        assert queue.expired_count == sum(e.kind is EventKind.EXPIRE for e in ledger)
+        # Expired either way: ended by EXPIRE, or dead-lettered for it (expired_dead).
+        expired_events = sum(e.kind is EventKind.EXPIRE for e in ledger)
+        assert queue.expired_count == expired_events + expired_letters
         for message_id in ids:
             live = queue.states.get(message_id)
             expected = folded.get(message_id)
