@@ -10,18 +10,25 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from queue_engine.retention import RetentionPolicy
+from queue_engine.message import SEQUENCE_BITS
+from queue_engine.registry import Registry, TopicInfo
+from queue_engine.retention import RetentionPolicy, apply_retention
 from queue_engine.settings import RetentionMode
 from queue_engine.spark.sweep import sweep
 from queue_engine.spark.views import register_views
-from queue_engine.store.tables import Warehouse
+from queue_engine.store import object_store
+from queue_engine.store.append import ObjectStoreAppender, appender_for
+from queue_engine.store.tables import TOPIC_SCHEMA, Warehouse, open_or_create
+from tests.acceptance.conftest import BUCKET
 from tests.conftest import Server, run_deltaq
 from tests.consumers import answer, body, channel_stats, create_channel, sub
+from tests.s3 import S3Server, store_env
 
 # 1.8 s: what is kept "for hours" in production is kept for seconds here.
 HOURS = "0.0005"
@@ -140,3 +147,40 @@ def test_bad_retention_is_refused_and_changes_nothing(
     assert http.post("/topic/configure", params={"topic": "nope"}).status_code == 404
     after = DeltaTable(Warehouse(str(warehouse)).registry_path).to_pyarrow_table()
     assert after.num_rows == registry.num_rows
+
+
+def test_retention_on_the_s3_server(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The removal commit is put-if-absent on an object store too; appends go on after it."""
+    for key, value in store_env(s3_server.endpoint).items():
+        monkeypatch.setenv(key, value)
+    # obstore clients are kept per bucket: none made for another test's server may be reused.
+    monkeypatch.setattr(object_store, "_stores", {})
+    wh = Warehouse(f"s3://{BUCKET}/retention")
+    path = wh.topic_path("t")
+    open_or_create(path, TOPIC_SCHEMA)
+    appender = appender_for(path)
+    assert isinstance(appender, ObjectStoreAppender)
+    published = time.time_ns() // 1000 - 10 * 3_600_000_000
+    for k in range(2):
+        appender.append(_topic_rows(published, k))
+    registry = Registry()
+    registry.topics["t"] = TopicInfo("t", 0, retention="fixed", retention_hours=1.0)
+    report = apply_retention(wh, registry, FINISHED, time.time_ns() // 1000)
+    assert (report.files_removed, report.rows_removed) == (2, 2), report
+    assert DeltaTable(path).to_pyarrow_table().num_rows == 0
+    appender.append(_topic_rows(time.time_ns() // 1000, 2))
+    dt = DeltaTable(path)
+    assert (dt.version(), dt.to_pyarrow_table().num_rows) == (4, 1)
+    assert DeltaTable(path, version=2).to_pyarrow_table().num_rows == 2
+
+
+def _topic_rows(published_us: int, counter: int) -> pa.Table:
+    message_id = ((published_us // 1000) << SEQUENCE_BITS) | counter
+    return pa.table(
+        {
+            "id": [f"{message_id:016x}"],
+            "body": [b"m"],
+            "published_at": pa.array([published_us], pa.int64()).cast(pa.timestamp("us", "UTC")),
+            "deliver_at": pa.nulls(1, pa.timestamp("us", "UTC")),
+        }
+    ).cast(TOPIC_SCHEMA)
