@@ -18,8 +18,6 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
-from urllib.parse import quote, unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -27,6 +25,7 @@ from deltalake import DeltaTable
 
 from queue_engine import __version__
 from queue_engine.store.append import add_action, log_entry, put_log_entry
+from queue_engine.store.remove_files import remove_action, winner_check
 from queue_engine.store.spare_files import SPARE_DIR
 from queue_engine.store.tables import parquet_dataset
 
@@ -97,28 +96,9 @@ def compact_small_files(
         "engineInfo": f"deltaq/{__version__}",
     }
     entry: list[dict[str, object]] = [{"commitInfo": info}]
-    entry += [
-        {
-            "remove": {
-                "path": quote(path),
-                "deletionTimestamp": now_ms,
-                "dataChange": False,
-                "extendedFileMetadata": True,
-                "partitionValues": {},
-                "size": size_bytes,
-            }
-        }
-        for path, size_bytes in small
-    ]
+    entry += [remove_action(path, size_bytes, now_ms) for path, size_bytes in small]
     entry.append(add_action(name, size, rows, now_ms, data_change=False))
-
-    def check_winner(winner: list[Any]) -> None:
-        for action in winner:
-            if "metaData" in action or "protocol" in action:
-                raise CompactionConflict("metadata or protocol changed")
-            removed = action.get("remove")
-            if removed is not None and unquote(removed["path"]) in inputs:
-                raise CompactionConflict(f"{removed['path']} was removed by another writer")
+    check_winner = winner_check(inputs, CompactionConflict)
 
     staging = os.path.join(staging_dir, f"{uuid.uuid4().hex}.commit")
     with open(staging, "wb") as f:

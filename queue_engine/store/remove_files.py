@@ -20,7 +20,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -64,28 +64,9 @@ def remove_files(
         "engineInfo": f"deltaq/{__version__}",
     }
     actions: list[dict[str, object]] = [{"commitInfo": info}]
-    actions += [
-        {
-            "remove": {
-                "path": quote(p),
-                "deletionTimestamp": now_ms,
-                "dataChange": False,
-                "extendedFileMetadata": True,
-                "partitionValues": {},
-                "size": size,
-            }
-        }
-        for p, size in files
-    ]
+    actions += [remove_action(p, size, now_ms) for p, size in files]
     entry = log_entry(actions)
-
-    def check_winner(winner: list[Any]) -> None:
-        for action in winner:
-            if "metaData" in action or "protocol" in action:
-                raise RemovalConflict("metadata or protocol changed")
-            removed = action.get("remove")
-            if removed is not None and unquote(removed["path"]) in doomed:
-                raise RemovalConflict(f"{removed['path']} was removed by another writer")
+    check_winner = winner_check(doomed, RemovalConflict)
 
     if is_remote(path):
         return _put_remote(path, dt.version() + 1, entry, check_winner)
@@ -102,6 +83,37 @@ def remove_files(
         if os.path.exists(staging):
             os.unlink(staging)
         raise
+
+
+def remove_action(path: str, size: int, now_ms: int) -> dict[str, object]:
+    """The ``remove`` action of data file ``path`` (as ``get_add_actions`` gives it) by a
+    commit that changes no data a streaming reader has not seen (``dataChange=false``)."""
+    return {
+        "remove": {
+            "path": quote(path),
+            "deletionTimestamp": now_ms,
+            "dataChange": False,
+            "extendedFileMetadata": True,
+            "partitionValues": {},
+            "size": size,
+        }
+    }
+
+
+def winner_check(doomed: set[str], conflict: type[Exception]) -> Callable[[list[Any]], None]:
+    """For a commit removing the files ``doomed``: what to do about a version another writer
+    took first. A commit that removed one of them, or changed the metadata or protocol, raises
+    ``conflict``; anything else (appends) the commit simply follows."""
+
+    def check(winner: list[Any]) -> None:
+        for action in winner:
+            if "metaData" in action or "protocol" in action:
+                raise conflict("metadata or protocol changed")
+            removed = action.get("remove")
+            if removed is not None and unquote(removed["path"]) in doomed:
+                raise conflict(f"{removed['path']} was removed by another writer")
+
+    return check
 
 
 def _put_remote(path: str, version: int, entry: bytes, check_winner: Any) -> int:
