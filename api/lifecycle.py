@@ -25,6 +25,7 @@ from api.state import broker_of
 from queue_engine.channel_queue import SettleError
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.names import require_topic, require_topic_channel
+from queue_engine.settings import RetentionMode
 
 router = APIRouter(tags=["dead letters"])
 
@@ -120,11 +121,20 @@ async def topic_configure(
     if retention_hours is not None:
         options["retention_hours"] = parse_retention_hours(retention_hours)
     if retention is not None:
-        if retention not in ("taken", "fixed", "default"):
-            raise QueueError(ErrorCode.INVALID_RETENTION, f"{retention!r}: taken, fixed or default")
-        options["retention"] = None if retention == "default" else retention
+        options["retention"] = parse_retention(retention)
     await broker_of(request).configure_topic(name, options)
     return ok_empty()
+
+
+def parse_retention(value: str) -> str | None:
+    """``default`` -> None (the settings' rule); else a RetentionMode, or INVALID_RETENTION."""
+    if value == "default":
+        return None
+    try:
+        return RetentionMode(value).value
+    except ValueError:
+        modes = ", ".join(m.value for m in RetentionMode)
+        raise QueueError(ErrorCode.INVALID_RETENTION, f"{value!r}: {modes} or default") from None
 
 
 def parse_retention_hours(value: str) -> float | None:

@@ -18,7 +18,7 @@ from fastapi.openapi.utils import get_openapi
 from api.consume import MAX_CONSUMER_CHARS, MAX_WAIT_MS, MIN_MSG_TIMEOUT_MS
 from api.lifecycle import MAX_ATTEMPTS_LIMIT, MAX_RETENTION_HOURS, MAX_TTL_MS
 from queue_engine.names import MAX_NAME_LENGTH
-from queue_engine.settings import Settings
+from queue_engine.settings import RetentionMode, Settings
 
 # nsqd's names, less the all-dot names deltaq refuses ("." and ".." are directories).
 NAME_PATTERN = r"^(?!\.+(#ephemeral)?$)[.a-zA-Z0-9_-]+(#ephemeral)?$"
@@ -62,7 +62,7 @@ def _parameters(settings: Settings) -> dict[str, dict[str, Any]]:
                 {"type": "string", "enum": ["default"]},
             ]
         },
-        "retention": {"type": "string", "enum": ["taken", "fixed", "default"]},
+        "retention": {"type": "string", "enum": [*(m.value for m in RetentionMode), "default"]},
     }
 
 

@@ -250,13 +250,12 @@ class ChannelQueue:
                 skipped.append(message_id)  # its row is not loaded yet
                 continue
             if oldest_published is not None and body[1] <= oldest_published:
+                self.expired_count += 1
                 if self.expired_dead:
-                    self.expired_count += 1
                     events.append(self._kill(message_id, state, body, at, EventKind.EXPIRE))
                     continue
                 expire = LeaseEvent(message_id, EventKind.EXPIRE, state.attempts, at)
                 self._set(message_id, apply(state, expire), at)
-                self.expired_count += 1
                 events.append(expire)
                 continue
             if max_attempts and state.attempts >= max_attempts:

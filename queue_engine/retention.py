@@ -38,7 +38,7 @@ from queue_engine.settings import RetentionMode, Settings
 from queue_engine.store.commit_log import absolute_path
 from queue_engine.store.remove_files import RemovalConflict, removal_supported, remove_files
 from queue_engine.store.state import StateMeta, meta_as_of, read_meta
-from queue_engine.store.tables import Warehouse, parquet_dataset
+from queue_engine.store.tables import Warehouse, filesystem, parquet_dataset
 
 log = logging.getLogger(__name__)
 
@@ -177,11 +177,11 @@ def _channel(
     messages_path = warehouse.channel_messages_path(topic, channel.name)
     newest = read_meta(state_path)
     messages = _open(messages_path, report, missing_ok=True)
+    files = None if messages is None else _Files.of(messages)
     taken = max(channel.start_version, newest.topic_version if newest else -1)
-    if messages is not None:
-        highest = [v for v in _Files.of(messages).max_topic_versions if v is not None]
-        taken = max([taken, *highest])
-    if newest is None or policy.finished_hours <= 0 or messages is None:
+    if files is not None:
+        taken = max([taken, *(v for v in files.max_topic_versions if v is not None)])
+    if newest is None or policy.finished_hours <= 0 or messages is None or files is None:
         return taken
     old = meta_as_of(state_path, newest, now_us - int(policy.finished_hours * _HOUR_US))
     if old is None:
@@ -191,22 +191,21 @@ def _channel(
     except Exception as exc:  # its files vacuumed: nothing can be proved
         report.skipped.append(f"{state_path}: state v{old.state_version} unreadable ({exc})")
         return taken
-    _finished(messages_path, messages, old.messages_version, live, report)
+    _finished(messages_path, messages, files, old.messages_version, live, report)
     ledger_path = warehouse.channel_ledger_path(topic, channel.name)
     ledger = _open(ledger_path, report, missing_ok=True)
     if ledger is not None:
-        _finished(ledger_path, ledger, old.ledger_version, live, report)
+        _finished(ledger_path, ledger, _Files.of(ledger), old.ledger_version, live, report)
     return taken
 
 
 def _finished(
-    path: str, dt: DeltaTable, then: int, live: set[str], report: RetentionReport
+    path: str, dt: DeltaTable, files: _Files, then: int, live: set[str], report: RetentionReport
 ) -> None:
-    """Remove the files of ``dt`` that were in the table at version ``then`` and hold no row
-    of a ``live`` message."""
+    """Remove the files of ``dt`` (``files``, its add actions) that were in the table at
+    version ``then`` and hold no row of a ``live`` message."""
     if then < 0:
         return
-    files = _Files.of(dt)
     candidates = set(files.paths) & _paths_at(path, min(then, dt.version()), report)
     if not candidates:
         return
@@ -218,15 +217,9 @@ def _finished(
         .unique()
         .to_pylist()
     )
-    gone = {p for p in ordered if _local_name(absolute_path(path, p)) not in holding}
+    # A dataset names each row's file (``__filename``) by its path within the filesystem.
+    gone = {p for p in ordered if filesystem(absolute_path(path, p))[1] not in holding}
     _remove(path, dt, files, gone, "finished retention", report)
-
-
-def _local_name(path: str) -> str:
-    """A data file's path as a pyarrow dataset names it (``__filename``)."""
-    from queue_engine.store.tables import filesystem
-
-    return filesystem(path)[1]
 
 
 def _remove(

@@ -70,9 +70,10 @@ def test_rows_past_keeping_go_and_nothing_live_is_touched(
 
     sweep(spark, wh, retention=FINISHED)  # the state retention will judge by, later
     before = datetime.now(UTC)
-    time.sleep(2.5)
-    # Nothing changed on the channel since: the sweep skips it, and retention still runs.
-    report = sweep(spark, wh, retention=FINISHED).retention
+    # 2.5 s later by the sweep's clock (past the 1.8 s kept). Nothing changed on the channel
+    # since: the sweep skips it, and retention still runs.
+    later = time.time_ns() // 1000 + 2_500_000
+    report = sweep(spark, wh, now=later, retention=FINISHED).retention
     assert report is not None and report.files_removed >= 3, report
 
     # Topic: everything is older than its retention and taken by the channel.
