@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 
 from api.body import read_limited
+from api.lifecycle import MAX_TTL_MS
 from api.responses import error_doc, ok_text
 from api.state import broker_of
 from queue_engine.broker import Broker
@@ -42,8 +43,17 @@ def defer_ms(value: str | None, max_ms: int) -> int | None:
     return defer
 
 
+def ttl_ms(value: str | None) -> int | None:
+    """``ttl_ms=``: 1..MAX_TTL_MS, else INVALID_TTL (absent: the topic's TTL applies)."""
+    if value is None:
+        return None
+    if not _INTEGER.match(value) or not 1 <= int(value) <= MAX_TTL_MS:
+        raise QueueError(ErrorCode.INVALID_TTL, f"{value!r}: 1..{MAX_TTL_MS}")
+    return int(value)
+
+
 async def pub(broker: Broker, params: Mapping[str, str], read: BodyReader) -> None:
-    """nsqd's doPUB: body checks first, then the topic, then defer."""
+    """nsqd's doPUB: body checks first, then the topic, then defer (then deltaq's ttl_ms)."""
     limits = broker.settings
     body = check_single(
         await read(limits.max_msg_size_bytes, ErrorCode.MSG_TOO_BIG), limits.max_msg_size_bytes
@@ -51,7 +61,8 @@ async def pub(broker: Broker, params: Mapping[str, str], read: BodyReader) -> No
     name = require_topic(params.get("topic"))
     # nsqd creates the topic as soon as the name is valid, even if the request fails later.
     await broker.create_topic(name)
-    await broker.publish(name, [body], defer_ms(params.get("defer"), limits.max_req_timeout_ms))
+    defer = defer_ms(params.get("defer"), limits.max_req_timeout_ms)
+    await broker.publish(name, [body], defer, ttl_ms(params.get("ttl_ms")))
 
 
 async def mpub(
@@ -64,6 +75,7 @@ async def mpub(
     name = require_topic(params.get("topic"))
     # nsqd creates the topic as soon as the name is valid, even if the body is then refused.
     await broker.create_topic(name)
+    ttl = ttl_ms(params.get("ttl_ms"))
     body = await read(limits.max_body_size_bytes, ErrorCode.BODY_TOO_BIG)
     binary = params.get("binary")
     if binary is not None and binary not in _FALSE:
@@ -71,7 +83,7 @@ async def mpub(
     else:
         messages = split_text(body, limits.max_msg_size_bytes, limits.max_body_size_bytes)
     if messages:
-        await broker.publish(name, messages)
+        await broker.publish(name, messages, ttl_ms=ttl)
 
 
 # -- FastAPI routes (documentation, and the path used when the fast path is off) -------------
@@ -87,6 +99,12 @@ _RAW_BODY = {
 _OK: dict[int | str, dict[str, Any]] = {
     200: {"description": "Acknowledged", "content": {"text/plain": {"example": "OK"}}}
 }
+TtlParam = Annotated[
+    str | None,
+    Query(
+        description=f"Message TTL in ms after publishing: 1..{MAX_TTL_MS} (replaces the topic's)"
+    ),
+]
 TopicParam = Annotated[
     str | None, Query(description="Topic name: 1-64 of [.a-zA-Z0-9_-], optional #ephemeral")
 ]
@@ -119,7 +137,9 @@ def reader(request: Request) -> BodyReader:
     summary="Publish one message",
     description=(
         "The raw body is the message. With `defer=MS` the message is not delivered before "
-        "MS milliseconds (0..max_req_timeout_ms). `OK` means the message is in a committed "
+        "MS milliseconds (0..max_req_timeout_ms); with `ttl_ms=MS` it is never delivered "
+        "once MS milliseconds have passed since publishing (it is expired instead; this "
+        "replaces the topic's TTL). `OK` means the message is in a committed "
         'Delta version (with `ack = "buffer"`: queued for the next commit).'
     ),
     response_class=Response,
@@ -130,6 +150,7 @@ def reader(request: Request) -> BodyReader:
             ErrorCode.INVALID_TOPIC,
             ErrorCode.MSG_EMPTY,
             ErrorCode.INVALID_DEFER,
+            ErrorCode.INVALID_TTL,
             ErrorCode.MSG_TOO_BIG,
             ErrorCode.E_COMMIT_FAILED,
             ErrorCode.EXITING,
@@ -141,6 +162,7 @@ async def pub_route(
     request: Request,
     topic: TopicParam = None,
     defer: Annotated[str | None, Query(description="Delay in ms before delivery")] = None,
+    ttl_ms: TtlParam = None,
 ) -> Response:
     await pub(broker_of(request), first_values(request), reader(request))
     return ok_text()
@@ -152,7 +174,8 @@ async def pub_route(
     description=(
         "Text mode (default): messages separated by `\\n`, empty lines skipped. "
         "`binary=true`: `[4-byte count][4-byte size][bytes]...`, big-endian. "
-        "All messages of one request go into one Delta commit: all or none."
+        "All messages of one request go into one Delta commit: all or none. "
+        "`ttl_ms=MS`: as for /pub, for every message of the request."
     ),
     response_class=Response,
     responses={
@@ -160,6 +183,7 @@ async def pub_route(
         **error_doc(
             ErrorCode.MISSING_ARG_TOPIC,
             ErrorCode.INVALID_TOPIC,
+            ErrorCode.INVALID_TTL,
             ErrorCode.BODY_TOO_BIG,
             ErrorCode.MSG_TOO_BIG,
             ErrorCode.BAD_BODY,
@@ -174,6 +198,7 @@ async def mpub_route(
     request: Request,
     topic: TopicParam = None,
     binary: Annotated[str | None, Query(description="true/1 for the binary framing")] = None,
+    ttl_ms: TtlParam = None,
 ) -> Response:
     await mpub(broker_of(request), first_values(request), reader(request), content_length(request))
     return ok_text()

@@ -40,6 +40,7 @@ from queue_engine.store.tables import (
     LEDGER_SCHEMA,
     TOPIC_SCHEMA,
     Warehouse,
+    conform,
     open_or_create,
 )
 
@@ -84,12 +85,13 @@ class Load:
             ).cast(pa.binary())
             published = pa.array(np.full(n, at, dtype=np.int64)).cast(_TS)
             rows = pa.Table.from_arrays(
-                [ids, bodies, published, pa.nulls(n, _TS)], schema=TOPIC_SCHEMA
+                [ids, bodies, published, pa.nulls(n, _TS), pa.nulls(n, _TS)], schema=TOPIC_SCHEMA
             )
             version = self.topic.append(rows)
-            copies = rows.append_column(
-                "topic_version", pa.array(np.full(n, version, dtype=np.int64))
-            ).cast(CHANNEL_MESSAGES_SCHEMA)
+            copies = conform(
+                rows.append_column("topic_version", pa.array(np.full(n, version, dtype=np.int64))),
+                CHANNEL_MESSAGES_SCHEMA,
+            )
             self.messages.append(copies)
             self.ledger.append(_deliver_and_fin(ids, at))
             self.written["topic"] += n

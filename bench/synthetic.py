@@ -62,6 +62,7 @@ def write_messages(
                 pa.array(np.full(n, published, dtype=np.int64)).cast(_TS),
                 pa.nulls(n, _TS),
                 pa.array(np.full(n, topic_version + offset // rows_per_commit, dtype=np.int64)),
+                pa.nulls(n, _TS),
             ],
             schema=CHANNEL_MESSAGES_SCHEMA,
         )

@@ -128,8 +128,17 @@ class Broker:
 
     # -- publishing -----------------------------------------------------------------------
 
-    async def publish(self, topic: str, bodies: list[bytes], defer_ms: int | None = None) -> None:
+    async def publish(
+        self,
+        topic: str,
+        bodies: list[bytes],
+        defer_ms: int | None = None,
+        ttl_ms: int | None = None,
+    ) -> None:
         """Append ``bodies`` to ``topic`` (created if needed); return once acknowledged.
+
+        ``ttl_ms``: the messages are not delivered that long after publishing (it replaces the
+        topic's TTL for them).
 
         With ``ack = "commit"`` that is after the Delta commit holding them succeeded; with
         ``ack = "buffer"`` once they are queued for the next commit (unless the buffer is full,
@@ -141,6 +150,7 @@ class Broker:
         writer = self._writers.get(topic) or await self._create_topic(topic)
         published_at_us = time.time_ns() // 1000
         deliver_at_us = published_at_us + defer_ms * 1000 if defer_ms else None
+        expires_at_us = published_at_us + ttl_ms * 1000 if ttl_ms else None
         wait = (
             self.settings.ack is AckMode.COMMIT
             or writer.pending_bytes >= self.settings.buffer_max_bytes
@@ -148,7 +158,7 @@ class Broker:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] | None = loop.create_future() if wait else None
         try:
-            writer.submit_publish(bodies, published_at_us, deliver_at_us, future)
+            writer.submit_publish(bodies, published_at_us, deliver_at_us, future, expires_at_us)
         except WriterClosedError as exc:
             raise QueueError(ErrorCode.EXITING, str(exc)) from exc
         if future is not None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from queue_engine.channel_queue import Answer, ChannelQueue, Delivery
-from queue_engine.channel_restore import add_rows, restore_channel
+from queue_engine.channel_restore import add_rows, expires_at, restore_channel
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.lease import EventKind, LeaseEvent
 from queue_engine.store.channel_reader import ChannelReader
@@ -313,6 +313,7 @@ class ChannelRuntime:
                 bodies["id"].to_pylist(),
                 bodies["body"].to_pylist(),
                 bodies["published_at"].cast(pa.int64()).to_pylist(),
+                expires_at(bodies),
             )
             done = self._submit(events)
         await done
@@ -361,6 +362,7 @@ class ChannelRuntime:
                         table["id"].to_pylist(),
                         table["body"].to_pylist(),
                         table["published_at"].cast(pa.int64()).to_pylist(),
+                        expires_at(table),
                     )
                     await self.wake()
                 # Rows not found are not asked for again until a SUB passes over them anew.

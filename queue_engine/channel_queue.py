@@ -43,6 +43,8 @@ class DeadLetter(NamedTuple):
     # What ended its last attempt (TIMEOUT or REQ), or EXPIRE: its TTL passed.
     last_event: str
     dead_at_us: int
+    # Its own expiry (/pub?ttl_ms=), None: the topic's TTL applies.
+    expires_at_us: int | None = None
 
 
 class Answer(NamedTuple):
@@ -83,7 +85,8 @@ class ChannelQueue:
 
     def __init__(self) -> None:
         self.states: dict[str, MessageState] = {}
-        self._bodies: dict[str, tuple[bytes, int]] = {}
+        # Loaded rows: body, published_at and the message's own expiry (µs; None: the TTL's).
+        self._bodies: dict[str, tuple[bytes, int, int | None]] = {}
         self._ready: deque[str] = deque()
         self._deferred: list[tuple[int, str]] = []
         self._expiries: list[tuple[int, str, int]] = []
@@ -97,7 +100,8 @@ class ChannelQueue:
         self.max_attempts = 0
         self.dying: list[DeadLetter] = []
         # Message TTL (µs after publishing; 0: none): ``take`` expires a ready message older
-        # than that instead of delivering it.
+        # than that instead of delivering it. A message published with its own TTL has an
+        # expiry instead (its row's expires_at), which replaces this.
         self.ttl_us = 0
         # A message past its TTL goes to the dead-letter table (a DEAD event whose dead row
         # says EXPIRE) instead of being ended by an EXPIRE event.
@@ -164,6 +168,7 @@ class ChannelQueue:
         deliver_at_us: Sequence[int | None],
         now_us: int,
         topic_versions: Sequence[int] | None = None,
+        expires_at_us: Sequence[int | None] | None = None,
     ) -> int:
         """Take message rows read from the channel table; return how many were new.
 
@@ -182,7 +187,8 @@ class ChannelQueue:
             if message_id in self._finished or message_id in self.dead:
                 continue
             known = message_id in self.states
-            self._bodies[message_id] = (body, published)
+            expires = None if expires_at_us is None else expires_at_us[i]
+            self._bodies[message_id] = (body, published, expires)
             self.body_wanted.discard(message_id)
             if not known:
                 fresh += 1
@@ -190,14 +196,21 @@ class ChannelQueue:
         return fresh
 
     def attach_bodies(
-        self, ids: Sequence[str], bodies: Sequence[bytes], published_at_us: Sequence[int]
+        self,
+        ids: Sequence[str],
+        bodies: Sequence[bytes],
+        published_at_us: Sequence[int],
+        expires_at_us: Sequence[int | None] | None = None,
     ) -> int:
         """Bodies looked up by id: only for messages still live (one FIN'd meanwhile must
         not come back as a new message). Returns how many were attached."""
         attached = 0
-        for message_id, body, published in zip(ids, bodies, published_at_us, strict=True):
+        expiries = [None] * len(ids) if expires_at_us is None else expires_at_us
+        for message_id, body, published, expires in zip(
+            ids, bodies, published_at_us, expiries, strict=True
+        ):
             if message_id in self.states and message_id not in self.dead:
-                self._bodies[message_id] = (body, published)
+                self._bodies[message_id] = (body, published, expires)
                 self.body_wanted.discard(message_id)
                 attached += 1
         return attached
@@ -239,7 +252,7 @@ class ChannelQueue:
         in_flight, deferred, expiries = self.in_flight, self.deferred, self._expiries
         expires_at = at + lease_us
         max_attempts = self.max_attempts
-        oldest_published = at - self.ttl_us if self.ttl_us else None
+        ttl_us = self.ttl_us
         while len(deliveries) < limit and ready:
             message_id = ready.popleft()
             state = states.get(message_id)
@@ -249,7 +262,8 @@ class ChannelQueue:
             if body is None:
                 skipped.append(message_id)  # its row is not loaded yet
                 continue
-            if oldest_published is not None and body[1] <= oldest_published:
+            expires = body[2] if body[2] is not None else body[1] + ttl_us if ttl_us else None
+            if expires is not None and expires <= at:
                 self.expired_count += 1
                 if self.expired_dead:
                     events.append(self._kill(message_id, state, body, at, EventKind.EXPIRE))
@@ -283,7 +297,7 @@ class ChannelQueue:
         self,
         message_id: str,
         state: MessageState,
-        body: tuple[bytes, int],
+        body: tuple[bytes, int, int | None],
         at: int,
         cause: EventKind | None = None,
     ) -> LeaseEvent:
@@ -303,6 +317,7 @@ class ChannelQueue:
                 if state.timed_out
                 else EventKind.REQ.value,
                 at,
+                body[2],
             )
         )
         self._set(message_id, apply(state, event), at)

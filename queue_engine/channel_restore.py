@@ -123,4 +123,13 @@ def add_rows(queue: ChannelQueue, table: pa.Table, now: int) -> int:
         deliver_at,
         now,
         table["topic_version"].to_pylist() if "topic_version" in table.column_names else None,
+        expires_at(table),
     )
+
+
+def expires_at(table: pa.Table) -> list[int | None] | None:
+    """The rows' own expiries in µs (None: a table from before the column existed)."""
+    if "expires_at" not in table.column_names:
+        return None
+    values: list[int | None] = table["expires_at"].cast(pa.int64()).to_pylist()
+    return values

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from queue_engine.registry import ChannelInfo, Registry
 
-CHANNEL_COLUMNS = ("id", "body", "published_at", "deliver_at", "topic_version")
+CHANNEL_COLUMNS = ("id", "body", "published_at", "deliver_at", "topic_version", "expires_at")
 # How the fanout job writes channel rows (``deltaq fanout --channel-writes``): see
 # queue_engine.spark.fanout_stream.
 CHANNEL_WRITES = ("auto", "driver", "delta", "deltaq")

@@ -34,6 +34,7 @@ class Channel:
                 pa.array([BASE_US] * n, pa.int64()).cast(_TS),
                 pa.array(self.deliver_at, pa.int64()).cast(_TS),
                 pa.array(list(range(n)), pa.int64()),
+                pa.nulls(n, _TS),
             ],
             schema=CHANNEL_MESSAGES_SCHEMA,
         )

@@ -66,7 +66,13 @@ from queue_engine.store.commit_log import (
 )
 from queue_engine.store.object_store import is_remote, read_objects
 from queue_engine.store.registry_store import RegistryReader
-from queue_engine.store.tables import TOPIC_SCHEMA, Warehouse, filesystem, parquet_dataset
+from queue_engine.store.tables import (
+    TOPIC_SCHEMA,
+    Warehouse,
+    conform,
+    filesystem,
+    parquet_dataset,
+)
 
 # Each Python task costs ~30 ms to start: group files so a task has real work.
 DEFAULT_FILES_PER_PARTITION = 256
@@ -276,7 +282,7 @@ def _remote_batches(
     for (path, topic, version), data in zip(files, datas, strict=True):
         if data is None:
             raise FileNotFoundError(path)
-        table = pq.read_table(pa.BufferReader(data)).select(file_schema.names).cast(file_schema)
+        table = conform(pq.read_table(pa.BufferReader(data)), file_schema)
         for batch in table.to_batches():
             yield batch, topic, version
 

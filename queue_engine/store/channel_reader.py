@@ -19,9 +19,15 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from queue_engine.store.commit_log import absolute_path, added_files, commit_file, latest_version
-from queue_engine.store.tables import filesystem, parquet_dataset
+from queue_engine.store.tables import (
+    CHANNEL_MESSAGES_SCHEMA,
+    conform,
+    filesystem,
+    parquet_dataset,
+)
 
-COLUMNS = ["id", "body", "published_at", "deliver_at", "topic_version"]
+COLUMNS = ["id", "body", "published_at", "deliver_at", "topic_version", "expires_at"]
+_SCHEMA = pa.schema([CHANNEL_MESSAGES_SCHEMA.field(c) for c in COLUMNS])
 
 
 @dataclass(frozen=True)
@@ -143,11 +149,13 @@ class ChannelReader:
                 self._current = self._pending.popleft()
                 fs, local = filesystem(self._current.path)
                 parquet = pq.ParquetFile(fs.open_input_file(local))
-                self._batches = parquet.iter_batches(batch_size=max_rows, columns=COLUMNS)
+                # Files written before a column was added lack it: it reads as null.
+                present = [c for c in COLUMNS if c in parquet.schema_arrow.names]
+                self._batches = parquet.iter_batches(batch_size=max_rows, columns=present)
             batch = next(self._batches, None)
             if batch is not None and batch.num_rows:
                 self.unread_rows = max(0, self.unread_rows - batch.num_rows)
-                return pa.Table.from_batches([batch])
+                return conform(pa.Table.from_batches([batch]), _SCHEMA)
             if batch is None:
                 self._batches = None
                 if self._current is not None and self._current.from_snapshot:
@@ -169,5 +177,7 @@ class ChannelReader:
     def read_ids(paths: list[str], ids: list[str]) -> pa.Table:
         """The rows of ``ids`` among ``paths`` (the bodies of messages the ledger knows)."""
         if not paths or not ids:
-            return pa.table({c: [] for c in COLUMNS})
-        return parquet_dataset(paths).to_table(columns=COLUMNS, filter=pc.field("id").isin(ids))
+            return _SCHEMA.empty_table()
+        return parquet_dataset(paths, CHANNEL_MESSAGES_SCHEMA).to_table(
+            columns=COLUMNS, filter=pc.field("id").isin(ids)
+        )

@@ -23,7 +23,9 @@ _TS = pa.timestamp("us", tz="UTC")
 
 
 def letters_to_arrow(letters: Sequence[DeadLetter]) -> pa.Table:
-    ids, bodies, published, attempts, consumers, last_events, dead_at = zip(*letters, strict=True)
+    ids, bodies, published, attempts, consumers, last_events, dead_at, expires = zip(
+        *letters, strict=True
+    )
     return pa.Table.from_arrays(
         [
             pa.array(ids, pa.string()),
@@ -33,6 +35,7 @@ def letters_to_arrow(letters: Sequence[DeadLetter]) -> pa.Table:
             pa.array(consumers, pa.string()),
             pa.array(last_events, pa.string()),
             pa.array(dead_at, _TS),
+            pa.array(expires, _TS),
         ],
         schema=DEAD_LETTER_SCHEMA,
     )

@@ -9,7 +9,6 @@ import threading
 import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
-from deltalake.schema import Field
 
 from queue_engine.registry import Action, Registry, RegistryEvent
 from queue_engine.store.append import Appender, append_or_fall_back, appender_for
@@ -24,8 +23,8 @@ class RegistryStore:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        # Also adds the columns a registry written by an older deltaq lacks.
         self._dt = open_or_create(path, REGISTRY_SCHEMA)
-        _add_missing_columns(self._dt)
         # The same appender as the topics' (a local warehouse: one file + a put-if-absent log
         # entry, ~1 ms; delta-rs's append replays a log that grows with every topic created).
         # Checkpoints come from the API's maintenance, which watches this table.
@@ -60,16 +59,6 @@ class RegistryStore:
 
     def close(self) -> None:
         self._appender.close()
-
-
-def _add_missing_columns(dt: DeltaTable) -> None:
-    """Registries written by an older deltaq lack newer (nullable) columns: add them, in one
-    metadata commit, before the first append (only the API, the registry's writer, does)."""
-    present = {field.name for field in dt.schema().fields}
-    missing = [f for f in REGISTRY_SCHEMA if f.name not in present]
-    if missing:
-        log.info("registry: adding columns %s", ", ".join(f.name for f in missing))
-        dt.alter.add_columns([Field.from_arrow(f) for f in missing])
 
 
 def load_events(path: str) -> list[RegistryEvent]:

@@ -11,6 +11,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
+from deltalake.schema import Field as DeltaField
 
 from queue_engine.names import path_segment
 
@@ -18,20 +19,29 @@ log = logging.getLogger(__name__)
 
 _TS = pa.timestamp("us", tz="UTC")
 
+_ID = pa.field("id", pa.string(), nullable=False)
+_BODY = pa.field("body", pa.binary(), nullable=False)
+_PUBLISHED_AT = pa.field("published_at", _TS, nullable=False)
+_DELIVER_AT = pa.field("deliver_at", _TS, nullable=True)
+# The message's own TTL (``/pub?ttl_ms=``): not delivered from then on (null: the topic's TTL).
+# Added after the first release: ``open_or_create`` adds it to older tables, whose files read
+# it as null. Columns added later go last, so an evolved table and a new one look the same.
+_EXPIRES_AT = pa.field("expires_at", _TS, nullable=True)
+
 # topics/<t>: one row per published message, append-only.
-TOPIC_SCHEMA = pa.schema(
-    [
-        pa.field("id", pa.string(), nullable=False),
-        pa.field("body", pa.binary(), nullable=False),
-        pa.field("published_at", _TS, nullable=False),
-        pa.field("deliver_at", _TS, nullable=True),
-    ]
-)
+TOPIC_SCHEMA = pa.schema([_ID, _BODY, _PUBLISHED_AT, _DELIVER_AT, _EXPIRES_AT])
 
 # channels/<t>/<c>/messages: the topic's rows each channel receives, with the topic version
 # each came from (append-only; written by the fanout job).
 CHANNEL_MESSAGES_SCHEMA = pa.schema(
-    [*TOPIC_SCHEMA, pa.field("topic_version", pa.int64(), nullable=False)]
+    [
+        _ID,
+        _BODY,
+        _PUBLISHED_AT,
+        _DELIVER_AT,
+        pa.field("topic_version", pa.int64(), nullable=False),
+        _EXPIRES_AT,
+    ]
 )
 
 # channels/<t>/<c>/ledger: one row per lease event (queue_engine.lease), append-only. Written by
@@ -61,6 +71,8 @@ DEAD_LETTER_SCHEMA = pa.schema(
         pa.field("last_consumer", pa.string(), nullable=True),
         pa.field("last_event", pa.string(), nullable=False),
         pa.field("dead_at", _TS, nullable=False),
+        # The message's own expiry, kept so a redriven message keeps it.
+        _EXPIRES_AT,
     ]
 )
 
@@ -136,19 +148,52 @@ class Warehouse:
 
 
 def open_or_create(path: str, schema: pa.Schema) -> DeltaTable:
-    """Open the Delta table at ``path``, creating it (empty, with ``schema``) if absent.
+    """Open the Delta table at ``path``, creating it (empty, with ``schema``) if absent, and
+    adding the nullable columns of ``schema`` an older table lacks.
 
     Created tables use reader 1 / writer 2, which delta-spark reads and writes as well.
     """
     try:
-        return DeltaTable(path)
+        return add_missing_columns(DeltaTable(path), schema)
     except TableNotFoundError:
         pass
     try:
         return DeltaTable.create(path, schema=schema, mode="error")
     except Exception:
         # Another process may have created it between the two calls; opening decides.
-        return DeltaTable(path)
+        return add_missing_columns(DeltaTable(path), schema)
+
+
+def add_missing_columns(dt: DeltaTable, schema: pa.Schema) -> DeltaTable:
+    """Evolve ``dt`` to ``schema``: add (at the end) the nullable fields it does not have.
+
+    A metadata commit; done by a writer when it opens a table, before it appends, so its own
+    appends never race it (another writer's append that does fails its commit and retries).
+    """
+    have = set(pa.schema(dt.schema().to_arrow()).names)
+    missing = [f for f in schema if f.name not in have]
+    if not missing:
+        return dt
+    if any(not f.nullable for f in missing):
+        raise ValueError(f"{dt.table_uri}: cannot add required columns {missing}")
+    try:
+        dt.alter.add_columns([DeltaField.from_arrow(f) for f in missing])
+    except Exception:
+        # Another writer may have added them first: re-read and check.
+        dt.update_incremental()
+        if any(f.name not in set(pa.schema(dt.schema().to_arrow()).names) for f in missing):
+            raise
+    log.info("%s: added columns %s", dt.table_uri, [f.name for f in missing])
+    return dt
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` as ``schema``: its columns in that order, cast, and the nullable ones a file
+    written before they were added lacks filled with nulls."""
+    for field in schema:
+        if field.name not in table.column_names:
+            table = table.append_column(field, pa.nulls(table.num_rows, field.type))
+    return table.select(schema.names).cast(schema)
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:

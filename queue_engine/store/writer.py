@@ -37,6 +37,7 @@ class _Publish:
     nbytes: int
     published_at_us: int
     deliver_at_us: int | None
+    expires_at_us: int | None = None
 
 
 @dataclass(frozen=True)
@@ -90,10 +91,13 @@ class TopicWriter(GroupCommitter[_Publish]):
         published_at_us: int,
         deliver_at_us: int | None,
         token: Any,
+        expires_at_us: int | None = None,
     ) -> None:
         """Queue messages for the next commit; ``token`` comes back through ``notify``."""
         nbytes = sum(map(len, bodies))
-        self.submit(_Publish(bodies, nbytes, published_at_us, deliver_at_us), nbytes, token)
+        self.submit(
+            _Publish(bodies, nbytes, published_at_us, deliver_at_us, expires_at_us), nbytes, token
+        )
 
     def stats(self) -> CommitStats:
         with self._cond:
@@ -150,22 +154,21 @@ def _to_arrow(batch: list[_Publish], first_id: int, count: int) -> pa.Table:
         np.fromiter((p.published_at_us for p in batch), dtype=np.int64, count=len(batch)),
         per_publish,
     )
-    if all(p.deliver_at_us is None for p in batch):
-        deliver = pa.nulls(count, type=_TS)
-    else:
-        values = np.repeat(
-            np.fromiter((p.deliver_at_us or 0 for p in batch), dtype=np.int64, count=len(batch)),
-            per_publish,
-        )
-        missing = np.repeat(
-            np.fromiter((p.deliver_at_us is None for p in batch), dtype=bool, count=len(batch)),
-            per_publish,
-        )
-        deliver = pa.array(values, type=_TS, mask=missing)
+    deliver = _per_publish([p.deliver_at_us for p in batch], per_publish, count)
+    expires = _per_publish([p.expires_at_us for p in batch], per_publish, count)
     return pa.Table.from_arrays(
-        [hex_id_array(first_id, count), bodies, pa.array(published, type=_TS), deliver],
+        [hex_id_array(first_id, count), bodies, pa.array(published, type=_TS), deliver, expires],
         schema=TOPIC_SCHEMA,
     )
+
+
+def _per_publish(values: list[int | None], per_publish: np.ndarray, count: int) -> pa.Array:
+    """A timestamp column: each publish's value (or null) repeated for each of its messages."""
+    if all(v is None for v in values):
+        return pa.nulls(count, type=_TS)
+    repeated = np.repeat(np.array([v or 0 for v in values], dtype=np.int64), per_publish)
+    missing = np.repeat(np.array([v is None for v in values], dtype=bool), per_publish)
+    return pa.array(repeated, type=_TS, mask=missing)
 
 
 def _scan(dt: DeltaTable) -> tuple[int, int]:

@@ -263,6 +263,72 @@ def test_messages_past_their_topics_ttl_are_expired_not_delivered(
     assert (row.expired, row.depth) == (2, 0)
 
 
+def test_a_messages_own_ttl_replaces_the_topics_and_outlives_a_restart(
+    spark: SparkSession, server: Server, warehouse: Path
+) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        create_channel(http, "own", "c")
+        r = http.post("/topic/configure", params={"topic": "own", "ttl_ms": "1500"})
+        assert r.status_code == 200, r.text
+        # Longer than the topic's TTL, the topic's TTL, and shorter ones (one request each).
+        r = http.post("/pub", params={"topic": "own", "ttl_ms": "600000"}, content=b"long")
+        assert r.text == "OK"
+        assert http.post("/pub", params={"topic": "own"}, content=b"topic's").text == "OK"
+        r = http.post("/mpub", params={"topic": "own", "ttl_ms": "1000"}, content=b"s1\ns2")
+        assert r.text == "OK"
+        r = http.post(
+            "/pub", params={"topic": "own", "ttl_ms": "1000", "defer": "5000"}, content=b"d"
+        )
+        assert r.text == "OK"
+        deadline = time.monotonic() + 30
+        while channel_stats(http, "own", "c")["depth"] < 5 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    # The expiries are in the rows, not in the API's memory.
+    server.stop()
+    time.sleep(2.0)
+    server.start()
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        [m] = _sub_all(http, "own", "c", 1)
+        assert body(m) == b"long"
+        assert answer(http, "fin", "own", "c", m).text == "OK"
+        # The deferred one comes due after its TTL: it is expired then, never delivered.
+        time.sleep(3.5)
+        assert sub(http, "own", "c", max=5, wait_ms=500) == []
+        stats = channel_stats(http, "own", "c")
+        assert (stats["expired_count"], stats["depth"], stats["in_flight_count"]) == (4, 0, 0)
+
+    wh = Warehouse(str(warehouse))
+    events, _ = read_ledger(wh.channel_ledger_path("own", "c"))
+    assert sorted(e.kind.value for e in events) == ["DELIVER", *["EXPIRE"] * 4, "FIN"]
+    register_views(spark, str(warehouse))
+    rows = spark.sql(
+        "SELECT body, (unix_micros(expires_at) - unix_micros(published_at)) DIV 1000 AS ttl "
+        "FROM messages WHERE topic = 'own'"
+    ).collect()
+    assert {bytes(r.body): r.ttl for r in rows} == {
+        b"long": 600000,
+        b"topic's": None,
+        b"s1": 1000,
+        b"s2": 1000,
+        b"d": 1000,
+    }
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "x", "31536000001", "", "1.5"])
+def test_a_bad_ttl_on_publish_is_refused_and_publishes_nothing(server: Server, value: str) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        create_channel(http, "badttl", "c")
+        for path in ("/pub", "/mpub"):
+            r = http.post(path, params={"topic": "badttl", "ttl_ms": value}, content=b"m")
+            assert r.status_code == 400 and r.json()["message"] == "INVALID_TTL", r.text
+        [topic] = [
+            t
+            for t in http.get("/stats?format=json").json()["topics"]
+            if t["topic_name"] == "badttl"
+        ]
+        assert topic["message_count"] == 0
+
+
 @pytest.mark.parametrize("value", ["0", "-5", "x", "31536000001", ""])
 def test_bad_ttl_is_refused_and_changes_nothing(server: Server, value: str) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as http:
@@ -303,9 +369,29 @@ def test_with_expired_to_dead_letters_an_expired_message_is_dead_lettered(
             [m] = _sub_all(http, "ttl2dl", "c", 1)
             assert body(m) == b"late" and m["attempts"] == 1
             assert answer(http, "fin", "ttl2dl", "c", m).text == "OK"
+
+            # A message's own TTL goes to the dead-letter table with it: redriven, it is
+            # past it still and dies again (the topic has no TTL now).
+            r = http.post("/pub", params={"topic": "ttl2dl", "ttl_ms": "500"}, content=b"own")
+            assert r.text == "OK"
+            time.sleep(1.0)
+            assert sub(http, "ttl2dl", "c", max=5, wait_ms=1500) == []
+            [letter] = _dead(http, "ttl2dl", "c")["messages"]
+            assert body(letter) == b"own" and letter["last_event"] == "EXPIRE"
+            assert _redrive(http, "ttl2dl", "c").json() == {"redriven": 1}
+            assert sub(http, "ttl2dl", "c", max=5, wait_ms=500) == []
+            assert channel_stats(http, "ttl2dl", "c")["dead_count"] == 1
         events, _ = read_ledger(Warehouse(str(warehouse)).channel_ledger_path("ttl2dl", "c"))
         kinds = [e.kind for e in sorted(events, key=lambda e: e.sort_key())]
-        assert kinds == [EventKind.DEAD, EventKind.REDRIVE, EventKind.DELIVER, EventKind.FIN]
+        assert kinds == [
+            EventKind.DEAD,
+            EventKind.REDRIVE,
+            EventKind.DELIVER,
+            EventKind.FIN,
+            EventKind.DEAD,
+            EventKind.REDRIVE,
+            EventKind.DEAD,
+        ]
     finally:
         server.stop()
         del server.env["DELTAQ_EXPIRED_TO_DEAD_LETTERS"]

@@ -24,12 +24,13 @@ from queue_engine.spark.sweep import sweep
 from queue_engine.spark.views import register_views
 from queue_engine.store import object_store
 from queue_engine.store.append import ObjectStoreAppender, appender_for
-from queue_engine.store.tables import TOPIC_SCHEMA, Warehouse, open_or_create
+from queue_engine.store.tables import TOPIC_SCHEMA, Warehouse, conform, open_or_create
 from tests.acceptance.conftest import BUCKET
 from tests.conftest import Server, run_deltaq
 from tests.consumers import answer, body, channel_stats, create_channel, sub
 from tests.s3 import S3Server, store_env
 
+_UTC_US = pa.timestamp("us", "UTC")
 # 1.8 s: what is kept "for hours" in production is kept for seconds here.
 HOURS = "0.0005"
 FINISHED = RetentionPolicy(168.0, RetentionMode.TAKEN, float(HOURS))
@@ -177,11 +178,14 @@ def test_retention_on_the_s3_server(s3_server: S3Server, monkeypatch: pytest.Mon
 
 def _topic_rows(published_us: int, counter: int) -> pa.Table:
     message_id = ((published_us // 1000) << SEQUENCE_BITS) | counter
-    return pa.table(
-        {
-            "id": [f"{message_id:016x}"],
-            "body": [b"m"],
-            "published_at": pa.array([published_us], pa.int64()).cast(pa.timestamp("us", "UTC")),
-            "deliver_at": pa.nulls(1, pa.timestamp("us", "UTC")),
-        }
-    ).cast(TOPIC_SCHEMA)
+    return conform(
+        pa.table(
+            {
+                "id": [f"{message_id:016x}"],
+                "body": [b"m"],
+                "published_at": pa.array([published_us], pa.int64()).cast(_UTC_US),
+                "deliver_at": pa.nulls(1, _UTC_US),
+            }
+        ),
+        TOPIC_SCHEMA,
+    )

@@ -15,20 +15,23 @@ from deltalake.exceptions import DeltaError
 from queue_engine.store.append import LocalAppender
 from queue_engine.store.commit_log import added_files
 from queue_engine.store.compaction import CompactionConflict, compact_small_files
-from queue_engine.store.tables import TOPIC_SCHEMA, open_or_create
+from queue_engine.store.tables import TOPIC_SCHEMA, conform, open_or_create
 
 TARGET = 1 << 20
 
 
 def _rows(first: int, n: int) -> pa.Table:
-    return pa.table(
-        {
-            "id": [f"{i:016x}" for i in range(first, first + n)],
-            "body": [b"x" * 50] * n,
-            "published_at": pa.array([0] * n, pa.timestamp("us", "UTC")),
-            "deliver_at": pa.array([None] * n, pa.timestamp("us", "UTC")),
-        }
-    ).cast(TOPIC_SCHEMA)
+    return conform(
+        pa.table(
+            {
+                "id": [f"{i:016x}" for i in range(first, first + n)],
+                "body": [b"x" * 50] * n,
+                "published_at": pa.array([0] * n, pa.timestamp("us", "UTC")),
+                "deliver_at": pa.array([None] * n, pa.timestamp("us", "UTC")),
+            }
+        ),
+        TOPIC_SCHEMA,
+    )
 
 
 def _table(tmp_path: Path, commits: int) -> tuple[str, LocalAppender]:

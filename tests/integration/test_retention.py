@@ -24,6 +24,7 @@ from queue_engine.store.tables import (
     LEDGER_SCHEMA,
     TOPIC_SCHEMA,
     Warehouse,
+    conform,
     open_or_create,
 )
 
@@ -39,21 +40,25 @@ def _ids(at_us: int, n: int, first: int = 0) -> list[str]:
 
 def _topic_rows(ids: list[str]) -> pa.Table:
     n = len(ids)
-    return pa.table(
-        {
-            "id": ids,
-            "body": [b"m"] * n,
-            "published_at": pa.array([NOW] * n, pa.int64()).cast(_TS),
-            "deliver_at": pa.nulls(n, _TS),
-        }
-    ).cast(TOPIC_SCHEMA)
+    return conform(
+        pa.table(
+            {
+                "id": ids,
+                "body": [b"m"] * n,
+                "published_at": pa.array([NOW] * n, pa.int64()).cast(_TS),
+                "deliver_at": pa.nulls(n, _TS),
+            }
+        ),
+        TOPIC_SCHEMA,
+    )
 
 
 def _channel_rows(ids: list[str], topic_version: int) -> pa.Table:
     rows = _topic_rows(ids)
-    return rows.append_column(
-        "topic_version", pa.array([topic_version] * len(ids), pa.int64())
-    ).cast(CHANNEL_MESSAGES_SCHEMA)
+    return conform(
+        rows.append_column("topic_version", pa.array([topic_version] * len(ids), pa.int64())),
+        CHANNEL_MESSAGES_SCHEMA,
+    )
 
 
 def _events(ids: list[str], at_us: int, *kinds: EventKind) -> pa.Table:

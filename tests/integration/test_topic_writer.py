@@ -13,8 +13,9 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from queue_engine.store.append import DeltaRsAppender, LocalAppender, appender_for
+from queue_engine.store.channel_reader import COLUMNS, ChannelReader
 from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
-from queue_engine.store.tables import TOPIC_SCHEMA, open_or_create
+from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, TOPIC_SCHEMA, conform, open_or_create
 from queue_engine.store.writer import TopicWriter, WriterClosedError
 
 
@@ -78,6 +79,62 @@ def test_deliver_at_and_mixed_batches(tmp_path: Path) -> None:
     assert rows[b"now"]["deliver_at"] is None
     for key in (b"later1", b"later2"):
         assert (rows[key]["deliver_at"] - rows[key]["published_at"]).total_seconds() == 5.0
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["local-fast-path", "delta-rs"])
+def test_a_table_from_before_expires_at_gains_it_and_its_old_rows_read_null(
+    tmp_path: Path, fast: bool
+) -> None:
+    """Tables written before the expires_at column: the writers add it when they open them;
+    old files read it as null through every reader (Delta, the channel reader, the Spark
+    source's file reads)."""
+    ts = pa.timestamp("us", "UTC")
+    old_topic = pa.schema([f for f in TOPIC_SCHEMA if f.name != "expires_at"])
+    old_channel = pa.schema([f for f in CHANNEL_MESSAGES_SCHEMA if f.name != "expires_at"])
+    topic, channel = str(tmp_path / "topic"), str(tmp_path / "channel")
+    old_row = {
+        "id": ["0000000000000001"],
+        "body": [b"old"],
+        "published_at": pa.array([1], pa.int64()).cast(ts),
+        "deliver_at": pa.nulls(1, ts),
+    }
+    write_deltalake(topic, pa.table(old_row).cast(old_topic))
+    write_deltalake(channel, pa.table({**old_row, "topic_version": [0]}).cast(old_channel))
+
+    results = Results()
+    writer = TopicWriter(topic, results, commit_max_bytes=1 << 20, fast_appends=fast)
+    t0 = now_us()
+    writer.submit_publish([b"new"], t0, None, "a", t0 + 2_000_000)
+    results.wait(1)
+    writer.close()
+    assert results.done["a"] is None
+    dt = DeltaTable(topic)
+    assert pa.schema(dt.schema().to_arrow()).names == TOPIC_SCHEMA.names
+    rows = {r["body"]: r for r in dt.to_pyarrow_table().to_pylist()}
+    assert rows[b"old"]["expires_at"] is None
+    assert (rows[b"new"]["expires_at"] - rows[b"new"]["published_at"]).total_seconds() == 2.0
+
+    new = conform(
+        DeltaTable(topic)
+        .to_pyarrow_table(filters=[("body", "=", b"new")])
+        .append_column("topic_version", pa.array([1], pa.int64())),
+        CHANNEL_MESSAGES_SCHEMA,
+    )
+    open_or_create(channel, CHANNEL_MESSAGES_SCHEMA)
+    appender_for(channel).append(new)
+    reader = ChannelReader(channel)
+    paths = reader.snapshot()
+    tables = []
+    while (part := reader.read(10)) is not None:
+        assert part.column_names == COLUMNS
+        tables.append(part)
+    read = pa.concat_tables(tables)
+    expiries = dict(zip(read["body"].to_pylist(), read["expires_at"].to_pylist(), strict=True))
+    assert expiries[b"old"] is None and expiries[b"new"] == rows[b"new"]["expires_at"]
+    both = ChannelReader.read_ids(paths, ["0000000000000001", new["id"][0].as_py()])
+    assert sorted(both["expires_at"].to_pylist(), key=str) == sorted(
+        [None, rows[b"new"]["expires_at"]], key=str
+    )
 
 
 def test_reopened_writer_continues_ids_above_existing(tmp_path: Path) -> None:
@@ -193,13 +250,12 @@ def test_appenders_record_the_app_transaction_in_the_same_commit(tmp_path: Path)
     from deltalake.transaction import Transaction
 
     from queue_engine.store.append_once import IdempotentAppender
-    from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA
 
     for kind, make in (("fast", LocalAppender), ("delta-rs", DeltaRsAppender)):
         path = str(tmp_path / kind)
         open_or_create(path, CHANNEL_MESSAGES_SCHEMA)
         rows = _batch(3, 0x20).append_column("topic_version", pa.array([7, 8, 9], pa.int64()))
-        version = make(path).append(rows.cast(CHANNEL_MESSAGES_SCHEMA), Transaction("app", 41))
+        version = make(path).append(conform(rows, CHANNEL_MESSAGES_SCHEMA), Transaction("app", 41))
         dt = DeltaTable(path)
         assert dt.version() == version
         assert dt.transaction_version("app") == 41
@@ -208,9 +264,9 @@ def test_appenders_record_the_app_transaction_in_the_same_commit(tmp_path: Path)
         assert (add["min.topic_version"], add["max.topic_version"]) == (7, 9)
         # A new appender reads the recorded batch and skips it and anything older.
         again = IdempotentAppender(path, "app")
-        assert again.append(rows.cast(CHANNEL_MESSAGES_SCHEMA), 41) is False
-        assert again.append(rows.cast(CHANNEL_MESSAGES_SCHEMA), 40) is False
-        assert again.append(rows.cast(CHANNEL_MESSAGES_SCHEMA), 42) is True
+        assert again.append(conform(rows, CHANNEL_MESSAGES_SCHEMA), 41) is False
+        assert again.append(conform(rows, CHANNEL_MESSAGES_SCHEMA), 40) is False
+        assert again.append(conform(rows, CHANNEL_MESSAGES_SCHEMA), 42) is True
         assert DeltaTable(path).to_pyarrow_table().num_rows == 6
 
 
