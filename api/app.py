@@ -25,6 +25,7 @@ from api import (
     metrics,
     openapi,
     publish,
+    replay,
 )
 from api.auth import Authenticator, AuthGate
 from api.fastpath import FastPath
@@ -105,6 +106,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(consume.router)
     app.include_router(admin.router)
     app.include_router(lifecycle.router)
+    app.include_router(replay.router)
     app.include_router(info.router)
     app.include_router(config.router)
     app.include_router(metrics.router)

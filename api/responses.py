@@ -28,6 +28,9 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.INVALID_MAX_ATTEMPTS: 400,
     ErrorCode.INVALID_TTL: 400,
     ErrorCode.INVALID_RETENTION: 400,
+    ErrorCode.INVALID_RANGE: 400,
+    # The rows are gone for good.
+    ErrorCode.RANGE_REMOVED: 410,
     ErrorCode.MSG_TOO_BIG: 413,
     ErrorCode.BODY_TOO_BIG: 413,
     # nsqd answers every binary /mpub framing error with 413.

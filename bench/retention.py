@@ -84,8 +84,11 @@ class Load:
                 pa.binary(self.body_bytes), n, [None, pa.py_buffer(raw)]
             ).cast(pa.binary())
             published = pa.array(np.full(n, at, dtype=np.int64)).cast(_TS)
-            rows = pa.Table.from_arrays(
-                [ids, bodies, published, pa.nulls(n, _TS), pa.nulls(n, _TS)], schema=TOPIC_SCHEMA
+            rows = conform(
+                pa.Table.from_arrays(
+                    [ids, bodies, published], names=["id", "body", "published_at"]
+                ),
+                TOPIC_SCHEMA,
             )
             version = self.topic.append(rows)
             copies = conform(

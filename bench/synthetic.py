@@ -63,6 +63,7 @@ def write_messages(
                 pa.nulls(n, _TS),
                 pa.array(np.full(n, topic_version + offset // rows_per_commit, dtype=np.int64)),
                 pa.nulls(n, _TS),
+                pa.nulls(n, pa.string()),
             ],
             schema=CHANNEL_MESSAGES_SCHEMA,
         )

@@ -24,6 +24,7 @@ from queue_engine.lease import EventKind
 from queue_engine.metrics import PUBLISH_SECONDS
 from queue_engine.names import path_segment
 from queue_engine.registry import Action, Registry, RegistryEvent, TopicInfo
+from queue_engine.replay import Bound, ReplayResult, run_replay
 from queue_engine.settings import AckMode, Settings
 from queue_engine.stats import ChannelStats, TopicStats, percentile_ms
 from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
@@ -333,6 +334,16 @@ class Broker:
     async def redrive(self, topic: str, channel: str, ids: list[str] | None) -> int:
         """Dead letters of the channel (``ids``, or all) become ready with attempts reset."""
         return await self.channel(topic, channel).redrive(ids)
+
+    async def replay(
+        self, topic: str, channel: str, start: Bound, end: Bound | None, replay_id: str
+    ) -> ReplayResult:
+        """Copies of the topic's messages of a range of versions, for ``channel`` only
+        (queue_engine.replay); returns once they are committed to the topic."""
+        self.channel(topic, channel)
+        writer = self._writers.get(topic) or await self._create_topic(topic)
+        limit = self.settings.max_replay_messages
+        return await asyncio.to_thread(run_replay, writer, channel, start, end, replay_id, limit)
 
     async def empty_channel(self, topic: str, channel: str) -> None:
         async with self._admin:

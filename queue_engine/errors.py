@@ -33,6 +33,12 @@ class ErrorCode(StrEnum):
     # deltaq: a topic's retention_hours outside 0..MAX_RETENTION_HOURS, or retention not
     # taken/fixed (or "default").
     INVALID_RETENTION = "INVALID_RETENTION"
+    # deltaq: a replay's from/to not a topic version or RFC 3339 time, from after to, outside
+    # the table, or more messages than max_replay_messages.
+    INVALID_RANGE = "INVALID_RANGE"
+    # deltaq: the rows of a replay's range were removed by retention (or the log of those
+    # versions was cleaned up).
+    RANGE_REMOVED = "RANGE_REMOVED"
     TOPIC_NOT_FOUND = "TOPIC_NOT_FOUND"
     CHANNEL_NOT_FOUND = "CHANNEL_NOT_FOUND"
     NOT_FOUND = "NOT_FOUND"

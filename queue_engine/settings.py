@@ -82,6 +82,8 @@ class Settings(BaseSettings):
     # messages in memory; deltaq's are rows in the ledger and state tables and survive
     # restarts, so the default allows a week.
     max_req_timeout_ms: int = 7 * 24 * 60 * 60_000
+    # Most messages one /channel/replay copies (the API holds them in memory to copy them).
+    max_replay_messages: int = 100_000
     max_msg_size_bytes: int = 1024 * 1024
     max_body_size_bytes: int = 5 * 1024 * 1024
     max_rdy_count: int = 2500

@@ -35,6 +35,7 @@ class Channel:
                 pa.array(self.deliver_at, pa.int64()).cast(_TS),
                 pa.array(list(range(n)), pa.int64()),
                 pa.nulls(n, _TS),
+                pa.nulls(n, pa.string()),
             ],
             schema=CHANNEL_MESSAGES_SCHEMA,
         )

@@ -147,6 +147,7 @@ def fanout_batch_by_spark(
                     df.filter(
                         (F.col("topic") == topic)
                         & (F.col("topic_version") > F.lit(channel.start_version))
+                        & (F.col("to_channel").isNull() | (F.col("to_channel") == F.lit(name)))
                     )
                     .select(*CHANNEL_COLUMNS)
                     .write.format(channel_format)

@@ -315,17 +315,19 @@ def blind_appends_honoured(dt: DeltaTable) -> bool:
     )
 
 
-def append_or_fall_back(appender: Appender, path: str, table: pa.Table) -> tuple[Appender, int]:
-    """Append ``table`` with ``appender``; if the fast appender finds the table's protocol or
-    metadata changed, append through (and go on with) delta-rs. Returns the appender to use
-    from now on and the version committed."""
+def append_or_fall_back(
+    appender: Appender, path: str, table: pa.Table, txn: Transaction | None = None
+) -> tuple[Appender, int]:
+    """Append ``table`` (recording ``txn`` in the same commit) with ``appender``; if the fast
+    appender finds the table's protocol or metadata changed, append through (and go on with)
+    delta-rs. Returns the appender to use from now on and the version committed."""
     try:
-        return appender, appender.append(table)
+        return appender, appender.append(table, txn)
     except ProtocolChangedError:
         log.warning("%s changed protocol or metadata; appending through delta-rs", path)
         appender.close()
         fallback = DeltaRsAppender(path)
-        return fallback, fallback.append(table)
+        return fallback, fallback.append(table, txn)
 
 
 def appender_for(path: str, *, allow_fast: bool = True) -> Appender:

@@ -33,6 +33,9 @@ class AddedFile:
     num_records: int | None
     # The file's largest ``topic_version`` (channel tables), from its statistics.
     max_topic_version: int | None = None
+    # Its smallest and largest message ``id`` (topic and channel tables).
+    min_id: str | None = None
+    max_id: str | None = None
 
 
 def commit_file(version: int) -> str:
@@ -147,7 +150,8 @@ def _parse_added(root: str, version: int, text: str) -> list[AddedFile]:
         if add is None or not add.get("dataChange", True):
             continue
         stats = json.loads(add["stats"]) if add.get("stats") else {}
-        top = stats.get("maxValues", {}).get("topic_version")
+        highest, lowest = stats.get("maxValues", {}), stats.get("minValues", {})
+        top = highest.get("topic_version")
         files.append(
             AddedFile(
                 version,
@@ -155,6 +159,8 @@ def _parse_added(root: str, version: int, text: str) -> list[AddedFile]:
                 int(add["size"]),
                 stats.get("numRecords"),
                 None if top is None else int(top),
+                lowest.get("id"),
+                highest.get("id"),
             )
         )
     return files

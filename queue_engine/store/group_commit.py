@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
+from deltalake.transaction import Transaction
 from prometheus_client import Histogram
 
 from queue_engine.store.append import Appender, append_or_fall_back, appender_for
@@ -187,12 +188,12 @@ class GroupCommitter(ABC, Generic[T]):
         self._pending_bytes -= size
         return batch
 
-    def _append(self, table: pa.Table) -> int:
-        """Commit ``table`` as one version (called from ``_commit``); return the version."""
+    def _append(self, table: pa.Table, txn: Transaction | None = None) -> int:
+        """Commit ``table`` as one version (holding the commit lock); return the version."""
         if self._reopen_requested:
             self._reopen_requested = False
             self._appender.reopen()
-        self._appender, version = append_or_fall_back(self._appender, self.path, table)
+        self._appender, version = append_or_fall_back(self._appender, self.path, table, txn)
         return version
 
     @abstractmethod

@@ -27,9 +27,15 @@ _DELIVER_AT = pa.field("deliver_at", _TS, nullable=True)
 # Added after the first release: ``open_or_create`` adds it to older tables, whose files read
 # it as null. Columns added later go last, so an evolved table and a new one look the same.
 _EXPIRES_AT = pa.field("expires_at", _TS, nullable=True)
+# A replay's copy of a message (/channel/replay): the id it copies.
+_REPLAY_OF = pa.field("replay_of", pa.string(), nullable=True)
+# A replay's copy goes to one channel only (null: every channel, as any published message).
+_TO_CHANNEL = pa.field("to_channel", pa.string(), nullable=True)
 
-# topics/<t>: one row per published message, append-only.
-TOPIC_SCHEMA = pa.schema([_ID, _BODY, _PUBLISHED_AT, _DELIVER_AT, _EXPIRES_AT])
+# topics/<t>: one row per published message (and per replayed copy), append-only.
+TOPIC_SCHEMA = pa.schema(
+    [_ID, _BODY, _PUBLISHED_AT, _DELIVER_AT, _EXPIRES_AT, _TO_CHANNEL, _REPLAY_OF]
+)
 
 # channels/<t>/<c>/messages: the topic's rows each channel receives, with the topic version
 # each came from (append-only; written by the fanout job).
@@ -41,6 +47,7 @@ CHANNEL_MESSAGES_SCHEMA = pa.schema(
         _DELIVER_AT,
         pa.field("topic_version", pa.int64(), nullable=False),
         _EXPIRES_AT,
+        _REPLAY_OF,
     ]
 )
 

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
+from deltalake.transaction import Transaction
 
 from queue_engine.message import IdAllocator, id_from_hex
 from queue_engine.metrics import TOPIC_COMMIT_SECONDS
@@ -131,11 +132,41 @@ class TopicWriter(GroupCommitter[_Publish]):
         later = sum(self._log_counts.get(v, 0) for v in range(version + 1, anchor_version + 1))
         return max(0, anchor_count - later)
 
+    def commit_copies(
+        self, bodies: pa.Array, replay_of: pa.Array, to_channel: str, app_id: str
+    ) -> int | None:
+        """Append copies of messages (new ids, published now) for one channel in one commit
+        of their own that records ``app_id`` as a Delta app transaction; None (nothing
+        written) if a commit recorded it before. Blocking; ordered with the group commits."""
+        count = len(bodies)
+        with self.exclusive():
+            if DeltaTable(self.path).transaction_version(app_id) is not None:
+                return None
+            now = time.time_ns()
+            first = self._ids.allocate(count, now // 1_000_000)
+            table = pa.Table.from_arrays(
+                [
+                    hex_id_array(first, count),
+                    bodies.cast(pa.binary()),
+                    pa.array(np.full(count, now // 1000, dtype=np.int64)).cast(_TS),
+                    pa.nulls(count, _TS),
+                    pa.nulls(count, _TS),
+                    pa.array([to_channel] * count, pa.string()),
+                    replay_of.cast(pa.string()),
+                ],
+                schema=TOPIC_SCHEMA,
+            )
+            version = self._append(table, Transaction(app_id, 1))
+            self._committed(version, count, int(pc.sum(pc.binary_length(bodies)).as_py() or 0))
+            return version
+
     def _commit(self, batch: list[_Publish]) -> None:
         count = sum(len(p.bodies) for p in batch)
         first = self._ids.allocate(count, time.time_ns() // 1_000_000)
         version = self._append(_to_arrow(batch, first, count))
-        nbytes = sum(p.nbytes for p in batch)
+        self._committed(version, count, sum(p.nbytes for p in batch))
+
+    def _committed(self, version: int, count: int, nbytes: int) -> None:
         with self._cond:
             self._version = max(self._version, version)
             self._message_count += count
@@ -157,7 +188,15 @@ def _to_arrow(batch: list[_Publish], first_id: int, count: int) -> pa.Table:
     deliver = _per_publish([p.deliver_at_us for p in batch], per_publish, count)
     expires = _per_publish([p.expires_at_us for p in batch], per_publish, count)
     return pa.Table.from_arrays(
-        [hex_id_array(first_id, count), bodies, pa.array(published, type=_TS), deliver, expires],
+        [
+            hex_id_array(first_id, count),
+            bodies,
+            pa.array(published, type=_TS),
+            deliver,
+            expires,
+            pa.nulls(count, pa.string()),
+            pa.nulls(count, pa.string()),
+        ],
         schema=TOPIC_SCHEMA,
     )
 

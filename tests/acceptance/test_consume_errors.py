@@ -125,6 +125,7 @@ def test_sub_fin_req_touch_round_trip(client: httpx.Client, shared_server: Serve
             pa.array([None], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
             pa.array([0], pa.int64()),
             pa.nulls(1, pa.timestamp("us", tz="UTC")),
+            pa.nulls(1, pa.string()),
         ],
         schema=CHANNEL_MESSAGES_SCHEMA,
     )

@@ -82,15 +82,16 @@ def test_deliver_at_and_mixed_batches(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["local-fast-path", "delta-rs"])
-def test_a_table_from_before_expires_at_gains_it_and_its_old_rows_read_null(
+def test_a_table_from_before_the_later_columns_gains_them_and_old_rows_read_null(
     tmp_path: Path, fast: bool
 ) -> None:
-    """Tables written before the expires_at column: the writers add it when they open them;
-    old files read it as null through every reader (Delta, the channel reader, the Spark
-    source's file reads)."""
+    """Tables written before expires_at, to_channel and replay_of: the writers add them when
+    they open them; old files read them as null through every reader (Delta, the channel
+    reader, the Spark source's file reads)."""
     ts = pa.timestamp("us", "UTC")
-    old_topic = pa.schema([f for f in TOPIC_SCHEMA if f.name != "expires_at"])
-    old_channel = pa.schema([f for f in CHANNEL_MESSAGES_SCHEMA if f.name != "expires_at"])
+    # The first release's columns; the later ones (expires_at, to_channel, replay_of) come last.
+    old_topic = pa.schema(list(TOPIC_SCHEMA)[:4])
+    old_channel = pa.schema(list(CHANNEL_MESSAGES_SCHEMA)[:5])
     topic, channel = str(tmp_path / "topic"), str(tmp_path / "channel")
     old_row = {
         "id": ["0000000000000001"],

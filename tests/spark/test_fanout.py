@@ -24,7 +24,7 @@ from queue_engine.spark.fanout_stream import (
     start_fanout,
 )
 from queue_engine.store.registry_store import RegistryReader
-from queue_engine.store.tables import Warehouse
+from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, Warehouse
 from tests.conftest import ROOT, Server
 
 
@@ -104,7 +104,7 @@ def test_fanout_rules(
     run_once(spark, wh, channel_format)
     assert channel_bodies(wh, "a", "c1") == [b"a0", b"a1", b"a1b", b"a2", b"a3", b"a4"]
     rows = DeltaTable(str(wh / "channels" / "a" / "c1" / "messages")).to_pyarrow_table()
-    assert set(rows.column_names) == {"id", "body", "published_at", "deliver_at", "topic_version"}
+    assert rows.column_names == CHANNEL_MESSAGES_SCHEMA.names
     c.close()
 
 

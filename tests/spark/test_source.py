@@ -12,6 +12,7 @@ from chispa import assert_df_equality
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from queue_engine.spark.fanout_stream import channel_format_for
 from queue_engine.spark.session import Engine, engine, read_format
@@ -47,7 +48,7 @@ def make_topic(path: Path, commits: int, per_commit: int = 3) -> LocalAppender:
 def expected(spark: SparkSession, table: pa.Table) -> DataFrame:
     return spark.createDataFrame(
         table.to_pylist(),
-        schema="id string, body binary, published_at timestamp, deliver_at timestamp",
+        schema=from_arrow_schema(TOPIC_SCHEMA),
     )
 
 

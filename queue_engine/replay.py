@@ -1,0 +1,201 @@
+"""Replay: a topic's past messages delivered to one channel again (``/channel/replay``).
+
+A replay reads the rows that a range of topic versions added (Delta time travel: the commit
+log says which rows those versions added; the rows are read from the table as it is now) and
+appends copies of them to the topic, in one commit, for that channel only (``to_channel``):
+new ids, published now, ``replay_of`` naming the original. The fanout delivers them like any
+row, so the channel's restart cursor, the sweep and retention need nothing new, and attempts
+start again at 1 (the copy is a new message). Whether the originals were FIN'd does not matter.
+
+The commit records the replay's id as a Delta app transaction (``deltaq-replay/<channel>/<id>``),
+so a replay id is committed at most once: a client that lost the answer (a timeout, a
+``kill -9`` of the API) asks again with the same ``replay_id`` and nothing is copied twice.
+
+Ranges are versions ``from..to`` (both included), given as versions or as times (the versions
+committed in that interval). The rows a range added are those whose ids lie between the
+smallest and the largest id those versions added: the topic writer allocates ids at commit
+time, in commit order, so a topic's ids increase with its versions. If retention removed some
+of them, the replay is refused (``RANGE_REMOVED``) rather than delivering part of the range.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.fanout import for_channel
+from queue_engine.store.commit_log import added_files, commit_info, latest_version
+from queue_engine.store.writer import TopicWriter
+
+REPLAY_APP_PREFIX = "deltaq-replay"
+_REPLAY_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_VERSION = re.compile(r"^[0-9]{1,18}$")
+
+# A bound as given: a topic version, or a time (µs since the epoch).
+Bound = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class ReplayRows:
+    """What a range holds for a channel: its versions and the rows to copy."""
+
+    first_version: int
+    last_version: int
+    ids: pa.Array
+    bodies: pa.Array
+
+
+def app_id(channel: str, replay_id: str) -> str:
+    return f"{REPLAY_APP_PREFIX}/{channel}/{replay_id}"
+
+
+def check_replay_id(value: str) -> str:
+    if not _REPLAY_ID.match(value):
+        raise QueueError(ErrorCode.INVALID_REQUEST, f"replay_id {value!r}: 1-64 of [A-Za-z0-9._-]")
+    return value
+
+
+def parse_bound(value: str | None, name: str) -> Bound | None:
+    """``from``/``to``: a topic version (digits) or an RFC 3339 time with its offset."""
+    if value is None or value == "":
+        return None
+    if _VERSION.match(value):
+        return ("version", int(value))
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        at = None
+    if at is None or at.tzinfo is None:
+        raise QueueError(
+            ErrorCode.INVALID_RANGE,
+            f"{name}={value!r}: a topic version or an RFC 3339 time with an offset",
+        )
+    return ("time", int(at.timestamp() * 1_000_000))
+
+
+def resolve(path: str, start: Bound, end: Bound | None) -> tuple[int, int]:
+    """The versions ``first..last`` a range names (``end`` None: the newest version)."""
+    latest = latest_version(path)
+    first = start[1] if start[0] == "version" else _first_at_or_after(path, start[1], latest)
+    last = (
+        latest
+        if end is None
+        else (end[1] if end[0] == "version" else _last_at_or_before(path, end[1], latest))
+    )
+    if first is None or last is None or first > latest or last > latest:
+        raise QueueError(
+            ErrorCode.INVALID_RANGE, f"outside the topic's versions (0..{latest}): {start}..{end}"
+        )
+    if first > last:
+        raise QueueError(ErrorCode.INVALID_RANGE, f"from (version {first}) after to ({last})")
+    return first, last
+
+
+def read_range(path: str, channel: str, first: int, last: int, limit: int) -> ReplayRows:
+    """The rows versions ``first..last`` added that ``channel`` would receive, in id order."""
+    try:
+        files = added_files(path, first - 1, last)
+    except FileNotFoundError as exc:
+        raise QueueError(
+            ErrorCode.RANGE_REMOVED, f"versions {first}..{last} are no longer in the log"
+        ) from exc
+    expected = sum(int(f.num_records or 0) for f in files)
+    if expected > limit:
+        raise QueueError(
+            ErrorCode.INVALID_RANGE,
+            f"versions {first}..{last} hold {expected} messages, more than "
+            f"max_replay_messages ({limit}): replay a narrower range",
+        )
+    empty = ReplayRows(first, last, pa.array([], pa.string()), pa.array([], pa.binary()))
+    lows = [f.min_id for f in files if f.min_id is not None]
+    highs = [f.max_id for f in files if f.max_id is not None]
+    if expected == 0 or not lows or not highs:
+        return empty
+    low, high = min(lows), max(highs)
+    dataset = DeltaTable(path).to_pyarrow_dataset()
+    rows = dataset.to_table(
+        columns=["id", "body", "to_channel"],
+        filter=(pc.field("id") >= low) & (pc.field("id") <= high),
+    )
+    if rows.num_rows < expected:
+        raise QueueError(
+            ErrorCode.RANGE_REMOVED,
+            f"retention removed {expected - rows.num_rows} of the {expected} messages of "
+            f"versions {first}..{last}",
+        )
+    rows = rows.filter(for_channel(rows["to_channel"], channel)).sort_by("id")
+    return ReplayRows(first, last, rows["id"].combine_chunks(), rows["body"].combine_chunks())
+
+
+def _commit_ms(path: str, version: int) -> int | None:
+    info = commit_info(path, version)
+    stamp = None if info is None else info.get("timestamp")
+    return int(stamp) if isinstance(stamp, int | float) else None
+
+
+def _first_at_or_after(path: str, at_us: int, latest: int) -> int | None:
+    """The first version committed at or after ``at_us`` (a binary search over the log)."""
+    low, high, found = 0, latest, None
+    while low <= high:
+        middle = (low + high) // 2
+        stamp = _commit_ms(path, middle)
+        if stamp is None:  # cleaned from the log: older than anything still there
+            low = middle + 1
+        elif stamp * 1000 >= at_us:
+            found, high = middle, middle - 1
+        else:
+            low = middle + 1
+    return found
+
+
+def _last_at_or_before(path: str, at_us: int, latest: int) -> int | None:
+    """The last version committed at or before ``at_us``."""
+    low, high, found = 0, latest, None
+    while low <= high:
+        middle = (low + high) // 2
+        stamp = _commit_ms(path, middle)
+        if stamp is None or stamp * 1000 <= at_us:
+            if stamp is not None:
+                found = middle
+            low = middle + 1
+        else:
+            high = middle - 1
+    return found
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    replay_id: str
+    first_version: int
+    last_version: int
+    # Copies this call committed (0 when the replay id had been committed before).
+    messages: int
+    # The replay id was committed by an earlier call: nothing was copied again.
+    repeated: bool
+
+
+def run_replay(
+    writer: TopicWriter,
+    channel: str,
+    start: Bound,
+    end: Bound | None,
+    replay_id: str,
+    limit: int,
+) -> ReplayResult:
+    """Copy the range's rows for ``channel`` into the topic (blocking; one commit or none)."""
+    first, last = resolve(writer.path, start, end)
+    rows = read_range(writer.path, channel, first, last, limit)
+    if len(rows.ids) == 0:
+        return ReplayResult(replay_id, first, last, 0, False)
+    try:
+        version = writer.commit_copies(rows.bodies, rows.ids, channel, app_id(channel, replay_id))
+    except Exception as exc:
+        raise QueueError(ErrorCode.E_COMMIT_FAILED, f"replay {replay_id}: {exc}") from exc
+    repeated = version is None
+    return ReplayResult(replay_id, first, last, 0 if repeated else len(rows.ids), repeated)
