@@ -1,5 +1,5 @@
 """The deltaq command: one parser, a subcommand per part (up, api, fanout, sweep, sql, jobs),
-and the tools (token, redrive)."""
+and the tools (token, redrive, replay)."""
 
 from __future__ import annotations
 
@@ -69,12 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=short, description=text)
         add_settings_arguments(command)
         _server_arguments(command)
-    from deltaq import redrive, token
+    from deltaq import redrive, replay, token
 
     command = sub.add_parser("token", help=token.HELP, description=token.__doc__)
     token.add_arguments(command)
     command = sub.add_parser("redrive", help=redrive.HELP, description=redrive.__doc__)
     redrive.add_arguments(command)
+    command = sub.add_parser("replay", help=replay.HELP, description=replay.__doc__)
+    replay.add_arguments(command)
     for name, module in _jobs().items():
         command = sub.add_parser(
             name,
@@ -98,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         from deltaq import redrive
 
         return run_reporting_errors("redrive", lambda: redrive.run(args))
+    if args.command == "replay":
+        from deltaq import replay
+
+        return run_reporting_errors("replay", lambda: replay.run(args))
     if args.command in jobs:
         module = jobs[args.command]
         if args.command == "sql":

@@ -54,7 +54,7 @@ def test_every_command_has_help_with_a_description() -> None:
     parser = build_parser()
     [commands] = [a for a in parser._actions if a.dest == "command"]
     names = sorted(commands.choices)  # type: ignore[arg-type]
-    assert names == ["api", "fanout", "jobs", "redrive", "sql", "sweep", "token", "up"]
+    assert names == ["api", "fanout", "jobs", "redrive", "replay", "sql", "sweep", "token", "up"]
     readme = (ROOT / "README.md").read_text()
     for name in names:
         result = subprocess.run(
@@ -70,7 +70,8 @@ def test_every_command_has_help_with_a_description() -> None:
         description = rest.split("\n\n")[0]
         assert usage.startswith(f"usage: deltaq {name}") and description.strip(), result.stdout
         assert "``" not in result.stdout, description
-        if name not in ("token", "redrive"):  # a tokens file / the API's address; no warehouse
+        # A tokens file / the API's address, no warehouse.
+        if name not in ("token", "redrive", "replay"):
             assert "--warehouse" in result.stdout and "--config" in result.stdout
         if name != "jobs":  # deltaq up's child, not a user's command
             assert f"deltaq {name}" in readme
