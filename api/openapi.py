@@ -18,6 +18,7 @@ from fastapi.openapi.utils import get_openapi
 from api.consume import MAX_CONSUMER_CHARS, MAX_WAIT_MS, MIN_MSG_TIMEOUT_MS
 from api.lifecycle import MAX_ATTEMPTS_LIMIT, MAX_RETENTION_HOURS, MAX_TTL_MS
 from queue_engine.names import MAX_NAME_LENGTH
+from queue_engine.replay import REPLAY_ID_PATTERN
 from queue_engine.settings import RetentionMode, Settings
 
 # nsqd's names, less the all-dot names deltaq refuses ("." and ".." are directories).
@@ -28,7 +29,7 @@ ANSWER_LINES = r"^([0-9a-f]{16} [0-9]{1,9}-[0-9a-f]{12}\n)+$"
 _OPTIONAL_NAMES = {"/stats"}
 # Query parameters FastAPI sees as optional (the handler answers their absence with nsqd's
 # codes) that an operation needs.
-_REQUIRED = {("/channel/configure", "max_attempts")}
+_REQUIRED = {("/channel/configure", "max_attempts"), ("/channel/replay", "from")}
 _ERROR: dict[str, Any] = {
     "type": "object",
     "properties": {"message": {"type": "string"}},
@@ -107,6 +108,18 @@ def _error_response(codes: list[str]) -> dict[str, Any]:
     return {"description": " | ".join(codes), "content": {"application/json": {"schema": schema}}}
 
 
+_BOUND = {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "format": "date-time"}]}
+# Parameters whose schema differs on one operation from their name's.
+_OPERATION_PARAMETERS: dict[tuple[str, str], dict[str, Any]] = {
+    # A message's own TTL has no "default" (none given: the topic's).
+    ("/pub", "ttl_ms"): _integer(1, MAX_TTL_MS),
+    ("/mpub", "ttl_ms"): _integer(1, MAX_TTL_MS),
+    ("/channel/replay", "from"): _BOUND,
+    ("/channel/replay", "to"): _BOUND,
+    ("/channel/replay", "replay_id"): {"type": "string", "pattern": REPLAY_ID_PATTERN},
+}
+
+
 def refine(schema: dict[str, Any], settings: Settings) -> dict[str, Any]:
     """``schema`` (FastAPI's) made to say what the handlers check."""
     params = _parameters(settings)
@@ -121,6 +134,8 @@ def refine(schema: dict[str, Any], settings: Settings) -> dict[str, Any]:
                 if name in ("topic", "channel") and path not in _OPTIONAL_NAMES:
                     parameter["required"] = True
                     parameter["schema"] = dict(NAME)
+                elif (path, name) in _OPERATION_PARAMETERS:
+                    parameter["schema"] = copy.deepcopy(_OPERATION_PARAMETERS[(path, name)])
                 elif name in params and parameter.get("in") == "query":
                     parameter["schema"] = dict(params[name])
                 if (path, name) in _REQUIRED:

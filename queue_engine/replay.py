@@ -34,7 +34,8 @@ from queue_engine.store.commit_log import added_files, commit_info, latest_versi
 from queue_engine.store.writer import TopicWriter
 
 REPLAY_APP_PREFIX = "deltaq-replay"
-_REPLAY_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+REPLAY_ID_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
+_REPLAY_ID = re.compile(REPLAY_ID_PATTERN)
 _VERSION = re.compile(r"^[0-9]{1,18}$")
 
 # A bound as given: a topic version, or a time (µs since the epoch).
