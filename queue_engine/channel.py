@@ -340,6 +340,7 @@ class ChannelRuntime:
             self.queue.promote(now_us())
         await self.follow_ledger()
         await self.poll()
+        await self._expire_ready()
         if self.queue.body_wanted:
             self._fetch_bodies()
         if self.queue.has_ready() and self.waiting:
@@ -526,6 +527,25 @@ class ChannelRuntime:
 
     def _wake_soon(self) -> None:
         asyncio.get_running_loop().create_task(self.wake())
+
+    async def _expire_ready(self) -> None:
+        """Messages past their TTL are expired (or dead-lettered) though no consumer comes:
+        with a TTL in play, rows are read into the window (as a SUB would) so that expiry
+        reaches them, and the head of the ready queue is expired."""
+        if not (self.queue.ttl_us or self.queue.has_own_expiries) or self._is_paused():
+            return
+        await self.refill()
+        events = self.queue.expire_ready(now_us())
+        if self.queue.dying:
+            task = self._bury(events)
+        elif events:
+            task = self._write(events)
+        else:
+            return
+        try:
+            await task
+        except QueueError:
+            log.error("%s/%s: could not record %d expiries", self.topic, self.channel, len(events))
 
     async def _write_quietly(self, events: list[LeaseEvent]) -> None:
         try:

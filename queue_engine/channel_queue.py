@@ -107,6 +107,9 @@ class ChannelQueue:
         # says EXPIRE) instead of being ended by an EXPIRE event.
         self.expired_dead = False
         self.expired_count = 0
+        # Some loaded message had its own expiry (so expiry is worth looking for without a
+        # topic TTL).
+        self.has_own_expiries = False
         # Finished messages whose rows may still be read (from the table as it was at restore):
         # skipped when read. Not needed once every row of that snapshot has been read.
         self._finished: set[str] = set()
@@ -188,6 +191,8 @@ class ChannelQueue:
                 continue
             known = message_id in self.states
             expires = None if expires_at_us is None else expires_at_us[i]
+            if expires is not None:
+                self.has_own_expiries = True
             self._bodies[message_id] = (body, published, expires)
             self.body_wanted.discard(message_id)
             if not known:
@@ -252,7 +257,6 @@ class ChannelQueue:
         in_flight, deferred, expiries = self.in_flight, self.deferred, self._expiries
         expires_at = at + lease_us
         max_attempts = self.max_attempts
-        ttl_us = self.ttl_us
         while len(deliveries) < limit and ready:
             message_id = ready.popleft()
             state = states.get(message_id)
@@ -262,15 +266,9 @@ class ChannelQueue:
             if body is None:
                 skipped.append(message_id)  # its row is not loaded yet
                 continue
-            expires = body[2] if body[2] is not None else body[1] + ttl_us if ttl_us else None
+            expires = self._expiry(body)
             if expires is not None and expires <= at:
-                self.expired_count += 1
-                if self.expired_dead:
-                    events.append(self._kill(message_id, state, body, at, EventKind.EXPIRE))
-                    continue
-                expire = LeaseEvent(message_id, EventKind.EXPIRE, state.attempts, at)
-                self._set(message_id, apply(state, expire), at)
-                events.append(expire)
+                events.append(self._expire(message_id, state, body, at))
                 continue
             if max_attempts and state.attempts >= max_attempts:
                 events.append(self._kill(message_id, state, body, at))
@@ -292,6 +290,54 @@ class ChannelQueue:
         self._ready.extendleft(reversed(skipped))
         self.body_wanted.update(skipped)
         return deliveries, events
+
+    def expire_ready(self, now_us: int, limit: int = 10_000) -> list[LeaseEvent]:
+        """Expire the ready messages at the head of the FIFO whose TTL has passed, without
+        waiting for a consumer (what ``take`` would do to them). Only the head: as RabbitMQ
+        expires per-message TTLs, a message further back expires once it reaches the head or a
+        consumer passes it. A topic TTL expires in publish order, so the head is where it is."""
+        events: list[LeaseEvent] = []
+        ready, states, bodies = self._ready, self.states, self._bodies
+        at: int | None = None
+        while ready and len(events) < limit:
+            message_id = ready[0]
+            state = states.get(message_id)
+            if (
+                state is None
+                or message_id in self.in_flight
+                or message_id in self.deferred
+                or state.dead
+            ):
+                ready.popleft()  # a stale FIFO entry
+                continue
+            body = bodies.get(message_id)
+            if body is None:
+                break
+            expires = self._expiry(body)
+            if expires is None or expires > now_us:
+                break
+            if at is None:
+                at = self.clock(now_us)
+            ready.popleft()
+            events.append(self._expire(message_id, state, body, at))
+        return events
+
+    def _expiry(self, body: tuple[bytes, int, int | None]) -> int | None:
+        """When a loaded message expires (µs): its own expiry, else the topic TTL's."""
+        if body[2] is not None:
+            return body[2]
+        return body[1] + self.ttl_us if self.ttl_us else None
+
+    def _expire(
+        self, message_id: str, state: MessageState, body: tuple[bytes, int, int | None], at: int
+    ) -> LeaseEvent:
+        """A ready message past its TTL: an EXPIRE event, or dead-lettered (expired_dead)."""
+        self.expired_count += 1
+        if self.expired_dead:
+            return self._kill(message_id, state, body, at, EventKind.EXPIRE)
+        expire = LeaseEvent(message_id, EventKind.EXPIRE, state.attempts, at)
+        self._set(message_id, apply(state, expire), at)
+        return expire
 
     def _kill(
         self,

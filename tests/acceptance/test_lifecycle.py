@@ -314,6 +314,26 @@ def test_a_messages_own_ttl_replaces_the_topics_and_outlives_a_restart(
     }
 
 
+def test_expired_messages_leave_the_depth_with_no_consumer(server: Server) -> None:
+    """Expiry does not wait for a SUB: the pump expires the head of the ready queue."""
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        create_channel(http, "idle", "c")
+        r = http.post("/topic/configure", params={"topic": "idle", "ttl_ms": "1000"})
+        assert r.status_code == 200, r.text
+        assert http.post("/mpub", params={"topic": "idle"}, content=b"a\nb\nc").text == "OK"
+        r = http.post("/pub", params={"topic": "idle", "ttl_ms": "600000"}, content=b"kept")
+        assert r.text == "OK"
+        deadline = time.monotonic() + 20
+        stats = channel_stats(http, "idle", "c")
+        while stats["expired_count"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            stats = channel_stats(http, "idle", "c")
+        assert (stats["expired_count"], stats["depth"]) == (3, 1), stats
+        [m] = _sub_all(http, "idle", "c", 1)
+        assert body(m) == b"kept"
+        assert answer(http, "fin", "idle", "c", m).text == "OK"
+
+
 @pytest.mark.parametrize("value", ["0", "-5", "x", "31536000001", "", "1.5"])
 def test_a_bad_ttl_on_publish_is_refused_and_publishes_nothing(server: Server, value: str) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as http:

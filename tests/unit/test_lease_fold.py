@@ -97,7 +97,17 @@ def operations(draw: st.DrawFn) -> list[tuple[str, int, int]]:
     """Random consumer traffic: (op, message index or batch size, time step)."""
     ops = st.tuples(
         st.sampled_from(
-            ["take", "fin", "req", "req_delay", "touch", "stale_fin", "expire", "redrive"]
+            [
+                "take",
+                "fin",
+                "req",
+                "req_delay",
+                "touch",
+                "stale_fin",
+                "expire",
+                "redrive",
+                "expire_ready",
+            ]
         ),
         st.integers(0, 5),
         st.integers(0, 40),
@@ -119,10 +129,31 @@ def test_the_live_queue_is_the_fold_of_what_it_wrote(
     queue.expired_dead = expired_dead
     ids = [f"{i:016x}" for i in range(6)]
     now = 1_000
-    queue.add(ids, [b"x"] * 6, [now] * 6, [None, None, None, None, None, now + 50], now)
+    # Message 2 has its own expiry, which replaces the topic's TTL for it.
+    own = [None, None, now + 100, None, None, None]
+    queue.add(ids, [b"x"] * 6, [now] * 6, [None, None, None, None, None, now + 50], now, None, own)
+    expiry = {m: own[i] if own[i] is not None else 1_000 + ttl_us if ttl_us else None
+              for i, m in enumerate(ids)}  # fmt: skip
     ledger: list[LeaseEvent] = []
     held: dict[str, str] = {}  # message id -> lease the "consumer" holds
     expired_letters = 0
+
+    def check_dying(events: list[LeaseEvent]) -> None:
+        nonlocal expired_letters
+        dying, queue.dying = queue.dying, []
+        assert [e.id for e in events if e.kind is EventKind.DEAD] == [x.id for x in dying]
+        for letter in dying:
+            assert queue.states[letter.id].dead and letter.body == b"x"
+            if letter.last_event == "EXPIRE":
+                limit = expiry[letter.id]
+                assert expired_dead and limit is not None and letter.dead_at_us >= limit
+                expired_letters += 1
+            else:
+                assert letter.attempts == max_attempts
+                assert letter.last_event in ("REQ", "TIMEOUT")
+        # With expired_dead, expiry dead-letters: no EXPIRE event ends a message.
+        assert not expired_dead or all(e.kind is not EventKind.EXPIRE for e in events)
+
     for op, n, step in ops:
         now += step
         if op == "take":
@@ -131,29 +162,31 @@ def test_the_live_queue_is_the_fold_of_what_it_wrote(
                 holder = queue.states[d.id]
                 assert holder.in_flight and holder.lease == d.lease
                 assert not max_attempts or d.attempts <= max_attempts
-                assert not ttl_us or now < 1_000 + ttl_us
-            dying, queue.dying = queue.dying, []
-            assert [e.id for e in events if e.kind is EventKind.DEAD] == [x.id for x in dying]
-            for letter in dying:
-                assert queue.states[letter.id].dead and letter.body == b"x"
-                if letter.last_event == "EXPIRE":
-                    assert expired_dead and ttl_us and letter.dead_at_us >= 1_000 + ttl_us
-                    expired_letters += 1
-                else:
-                    assert letter.attempts == max_attempts
-                    assert letter.last_event in ("REQ", "TIMEOUT")
-            # With expired_dead, expiry dead-letters: no EXPIRE event ends a message.
-            assert not expired_dead or all(e.kind is not EventKind.EXPIRE for e in events)
+                limit = expiry[d.id]
+                assert limit is None or now < limit
+            check_dying(events)
             ledger += events
             held.update({d.id: d.lease for d in deliveries})
+        elif op == "expire_ready":
+            events = queue.expire_ready(now)
+            assert all(e.kind in (EventKind.EXPIRE, EventKind.DEAD) for e in events)
+            for e in events:
+                limit = expiry[e.id]
+                assert limit is not None and e.at_us >= limit
+            check_dying(events)
+            ledger += events
         elif op == "expire":
             ledger += queue.expire(now)
         elif op == "redrive":
             revived = queue.redrive(None, now)
             assert {e.id for e in revived} == {m for m in ids if m in ledger_dead(ledger)}
             ledger += revived
+            # A redrive reads bodies and own expiries back from the dead-letter table.
             queue.attach_bodies(
-                [e.id for e in revived], [b"x"] * len(revived), [1_000] * len(revived)
+                [e.id for e in revived],
+                [b"x"] * len(revived),
+                [1_000] * len(revived),
+                [own[ids.index(e.id)] for e in revived],
             )
             assert not queue.dead
         elif held:
