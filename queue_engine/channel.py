@@ -358,6 +358,17 @@ class ChannelRuntime:
         async def fetch() -> None:
             try:
                 table = await asyncio.to_thread(ChannelReader.read_ids, paths, wanted)
+                missing = set(wanted) - set(table["id"].to_pylist())
+                if missing:
+                    # A message redriven since the last sweep, whose channel row retention
+                    # removed while it was dead: its body is in the dead-letter table.
+                    dead = await asyncio.to_thread(self._dead.latest, sorted(missing))
+                    self.queue.attach_bodies(
+                        dead["id"].to_pylist(),
+                        dead["body"].to_pylist(),
+                        dead["published_at"].cast(pa.int64()).to_pylist(),
+                        expires_at(dead),
+                    )
                 if not self._broken:
                     self.queue.attach_bodies(
                         table["id"].to_pylist(),

@@ -9,12 +9,15 @@ What may go (all decided from the tables themselves, so any process can run it):
   sweep's state recorded). A topic without channels keeps what a future first channel would
   receive (nsqd buffers for it).
 - A channel's messages-table and ledger rows, ``finished_retention_hours`` after the message
-  was FIN'd or expired. The proof is a sweep's state at least that old ("old"): a row in the
-  channel-table files of versions <= old's ``messages_version`` is live iff old lists it, so a
-  file of that snapshot with no id in old (nor in the newest state) holds only messages that
-  had ended by then; likewise a ledger file of the snapshot at old's ``ledger_version``. Live
-  and dead messages keep every row, so a restart (newest state + the ledger after it), the
-  sweep and the ``dead_letters`` view lose nothing they need.
+  was FIN'd or expired (messages-table rows also after it was dead-lettered). The proof is a
+  sweep's state at least that old ("old"): a row in the channel-table files of versions <=
+  old's ``messages_version`` is live iff old lists it, so a file of that snapshot with no id
+  in old (nor in the newest state) holds only messages that had ended by then; likewise a
+  ledger file of the snapshot at old's ``ledger_version``. A message dead in old and in the
+  newest state loses its messages-table row too (the dead-letter table has its body; a
+  redrive reads it from there) but keeps its ledger rows (the ``dead_letters`` view proves a
+  dead letter by its DEAD event). Live messages keep every row, so a restart (newest state +
+  the ledger after it) and the sweep lose nothing they need.
 
 Rows are never rewritten: a file goes only when every row in it may go (``remove_files``),
 which keeps retention free of conflicts with the appends going on meanwhile. Compaction makes
@@ -32,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from queue_engine.lease import Status
 from queue_engine.message import id_from_hex, id_timestamp_ms
 from queue_engine.registry import ChannelInfo, Registry, TopicInfo
 from queue_engine.settings import RetentionMode, Settings
@@ -187,11 +191,20 @@ def _channel(
     if old is None:
         return taken
     try:
-        live = _state_ids(state_path, old) | _state_ids(state_path, newest)
+        (old_ids, old_dead), (new_ids, new_dead) = (
+            _state_ids(state_path, old),
+            _state_ids(state_path, newest),
+        )
     except Exception as exc:  # its files vacuumed: nothing can be proved
         report.skipped.append(f"{state_path}: state v{old.state_version} unreadable ({exc})")
         return taken
-    _finished(messages_path, messages, files, old.messages_version, live, report)
+    live = old_ids | new_ids
+    # Dead then and dead still: its body is in the dead-letter table (a redrive reads it from
+    # there), so its messages-table row may go. Its ledger rows stay: the dead_letters view
+    # proves a dead letter by its DEAD event.
+    _finished(
+        messages_path, messages, files, old.messages_version, live - (old_dead & new_dead), report
+    )
     ledger_path = warehouse.channel_ledger_path(topic, channel.name)
     ledger = _open(ledger_path, report, missing_ok=True)
     if ledger is not None:
@@ -265,6 +278,8 @@ def _paths_at(path: str, version: int, report: RetentionReport) -> set[str]:
     return set(_Files.of(then).paths)
 
 
-def _state_ids(path: str, meta: StateMeta) -> set[str]:
-    dt = DeltaTable(path, version=meta.state_version)
-    return set(dt.to_pyarrow_table(columns=["id"])["id"].to_pylist())
+def _state_ids(path: str, meta: StateMeta) -> tuple[set[str], set[str]]:
+    """The ids a state holds, and those of them that were dead."""
+    table = DeltaTable(path, version=meta.state_version).to_pyarrow_table(columns=["id", "status"])
+    dead = table.filter(pc.equal(table["status"], Status.DEAD.value))
+    return set(table["id"].to_pylist()), set(dead["id"].to_pylist())

@@ -108,6 +108,45 @@ def test_rows_past_keeping_go_and_nothing_live_is_touched(
     assert then is not None and then.n == 3
 
 
+def test_a_dead_letters_channel_row_goes_and_a_redrive_still_delivers_its_body(
+    spark: SparkSession, server: Server, http: httpx.Client, warehouse: Path
+) -> None:
+    wh = Warehouse(str(warehouse))
+    assert http.post("/topic/create", params={"topic": "dlret"}).is_success
+    r = http.post("/channel/create", params={"topic": "dlret", "channel": "c", "max_attempts": "1"})
+    assert r.is_success, r.text
+    assert http.post("/pub", params={"topic": "dlret"}, content=b"dying").text == "OK"
+    [m] = _take(http, "dlret", 1)
+    assert answer(http, "req", "dlret", "c", m).text == "OK"
+    assert sub(http, "dlret", "c", max=1, wait_ms=500) == []  # its one attempt was had
+    assert channel_stats(http, "dlret", "c")["dead_count"] == 1
+
+    sweep(spark, wh, retention=FINISHED)
+    later = time.time_ns() // 1000 + 2_500_000
+    sweep(spark, wh, now=later, retention=FINISHED)
+    # Dead in both sweeps' states: its row goes (the dead-letter table has the body), its
+    # events stay (the dead_letters view proves it by its DEAD event).
+    assert m["id"] not in _ids(wh.channel_messages_path("dlret", "c"))
+    assert m["id"] in _ids(wh.channel_ledger_path("dlret", "c"))
+    register_views(spark, str(warehouse))
+    [row] = spark.sql("SELECT id FROM dead_letters WHERE topic = 'dlret'").collect()
+    assert row.id == m["id"]
+
+    # Redriven, then the API restarts before any sweep: the body comes from the dead letters.
+    r = http.post("/channel/redrive", params={"topic": "dlret", "channel": "c"})
+    assert r.json() == {"redriven": 1}
+    server.kill9()
+    server.start()
+    with httpx.Client(base_url=server.url, timeout=70) as again:
+        got: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 20
+        while not got and time.monotonic() < deadline:
+            got = sub(again, "dlret", "c", max=1, wait_ms=1000)
+        [back] = got
+        assert (back["id"], body(back), back["attempts"]) == (m["id"], b"dying", 1)
+        assert answer(again, "fin", "dlret", "c", back).text == "OK"
+
+
 def test_the_sweep_command_runs_retention_with_the_settings(
     server: Server, http: httpx.Client, warehouse: Path
 ) -> None:

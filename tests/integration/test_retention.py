@@ -70,12 +70,19 @@ def _events(ids: list[str], at_us: int, *kinds: EventKind) -> pa.Table:
     return events_to_arrow(events).cast(LEDGER_SCHEMA)
 
 
-def _state(path: str, live: list[str], meta: StateMeta, row_topic_version: int = 0) -> None:
-    """A sweep's state: ``live`` messages, ready and never delivered, from one topic version."""
+def _state(
+    path: str,
+    live: list[str],
+    meta: StateMeta,
+    row_topic_version: int = 0,
+    dead: frozenset[str] = frozenset(),
+) -> None:
+    """A sweep's state: ``live`` messages, ready and never delivered (or dead), from one topic
+    version."""
     n = len(live)
     columns: dict[str, pa.Array] = {
         "id": pa.array(live, pa.string()),
-        "status": pa.array(["ready"] * n, pa.string()),
+        "status": pa.array(["dead" if m in dead else "ready" for m in live], pa.string()),
         "attempts": pa.array([0] * n, pa.int32()),
         "lease_duration_us": pa.array([0] * n, pa.int64()),
         "timed_out": pa.array([False] * n, pa.bool_()),
@@ -215,6 +222,33 @@ def test_a_channel_keeps_rows_of_live_messages_and_loses_those_finished_long_eno
     assert restored.reader.max_topic_version == 3
     assert restored.reader.paths == DeltaTable(messages_path).file_uris()
     assert restored.reader.unread_rows == 1
+
+
+def test_a_message_dead_long_enough_loses_its_channel_row_but_not_its_events(
+    tmp_path: Path,
+) -> None:
+    wh = Warehouse(str(tmp_path))
+    messages_path = wh.channel_messages_path("t", "c")
+    ledger_path = wh.channel_ledger_path("t", "c")
+    state_path = wh.channel_state_path("t", "c")
+    messages = _appender(messages_path, CHANNEL_MESSAGES_SCHEMA)
+    ledger = _appender(ledger_path, LEDGER_SCHEMA)
+    dead, redriven = _ids(NOW - 6 * HOUR, 2), _ids(NOW - 6 * HOUR, 1, 2)
+    assert messages.append(_channel_rows(dead, 1)) == 1
+    assert messages.append(_channel_rows(redriven, 2)) == 2
+    assert ledger.append(_events(dead + redriven, NOW - 5 * HOUR, EventKind.DEAD)) == 1
+    everything = dead + redriven
+    # Both dead at a sweep 4 hours ago; since then one was redriven (ready in the newest).
+    _state(state_path, everything, _meta(1, 2, 2, NOW - 4 * HOUR), 2, frozenset(everything))
+    _state(state_path, everything, _meta(1, 2, 2, NOW - HOUR), 2, frozenset(dead))
+    policy = RetentionPolicy(0.0, RetentionMode.TAKEN, 2.5)
+
+    report = apply_retention(wh, _registry(_topic("t", "c")), policy, NOW)
+    assert (report.files_removed, report.rows_removed) == (1, 2)
+    # The redriven message keeps its row (it will be delivered); the dead ones' bodies are in
+    # the dead-letter table. Every DEAD event stays for the dead_letters view.
+    assert _ids_in(messages_path) == set(redriven)
+    assert _ids_in(ledger_path) == set(everything)
 
 
 def test_the_old_state_is_found_among_many_sweeps(tmp_path: Path) -> None:
