@@ -18,6 +18,8 @@ What may go (all decided from the tables themselves, so any process can run it):
   redrive reads it from there) but keeps its ledger rows (the ``dead_letters`` view proves a
   dead letter by its DEAD event). Live messages keep every row, so a restart (newest state +
   the ledger after it) and the sweep lose nothing they need.
+- A channel's dead-letter rows, once the message was redriven ``finished_retention_hours``
+  ago: written well before old was swept, and dead in neither old nor the newest state.
 
 Rows are never rewritten: a file goes only when every row in it may go (``remove_files``),
 which keeps retention free of conflicts with the appends going on meanwhile. Compaction makes
@@ -29,6 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -47,6 +50,9 @@ from queue_engine.store.tables import Warehouse, filesystem, parquet_dataset
 log = logging.getLogger(__name__)
 
 _HOUR_US = 3_600_000_000
+# A dead-letter row is committed just before its DEAD event: rows older than this before a
+# sweep began have their events in that sweep's state.
+_DEAD_EVENT_MARGIN_MS = 60_000
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,8 @@ class _Files:
     rows: list[int]
     max_ids: list[str | None]
     max_topic_versions: list[int | None]
+    # When each file was written (ms since the epoch).
+    written_ms: list[int]
 
     @classmethod
     def of(cls, dt: DeltaTable) -> _Files:
@@ -108,6 +116,7 @@ class _Files:
             [int(r or 0) for r in column("num_records")],
             [None if m is None else str(m) for m in column("max.id")],
             [None if v is None else int(v) for v in column("max.topic_version")],
+            [_ms(t) for t in column("modification_time")],
         )
 
 
@@ -209,6 +218,19 @@ def _channel(
     ledger = _open(ledger_path, report, missing_ok=True)
     if ledger is not None:
         _finished(ledger_path, ledger, _Files.of(ledger), old.ledger_version, live, report)
+    dead_path = warehouse.channel_dead_path(topic, channel.name)
+    dead = _open(dead_path, report, missing_ok=True)
+    if dead is not None:
+        # A dead letter written well before old was swept had its DEAD event folded into old
+        # (the event follows its row within moments); if neither old nor the newest state has
+        # the message dead, it was redriven that long ago, and its row is history.
+        dead_files = _Files.of(dead)
+        before_ms = old.swept_at_us // 1000 - _DEAD_EVENT_MARGIN_MS
+        written = {
+            p for p, t in zip(dead_files.paths, dead_files.written_ms, strict=True) if t < before_ms
+        }
+        still_dead = old_dead | new_dead
+        _without_live(dead_path, dead, dead_files, written, still_dead, "dead retention", report)
     return taken
 
 
@@ -220,6 +242,19 @@ def _finished(
     if then < 0:
         return
     candidates = set(files.paths) & _paths_at(path, min(then, dt.version()), report)
+    _without_live(path, dt, files, candidates, live, "finished retention", report)
+
+
+def _without_live(
+    path: str,
+    dt: DeltaTable,
+    files: _Files,
+    candidates: set[str],
+    live: set[str],
+    reason: str,
+    report: RetentionReport,
+) -> None:
+    """Remove the ``candidates`` among ``files`` that hold no row of a ``live`` message."""
     if not candidates:
         return
     ordered = sorted(candidates)
@@ -232,7 +267,7 @@ def _finished(
     )
     # A dataset names each row's file (``__filename``) by its path within the filesystem.
     gone = {p for p in ordered if filesystem(absolute_path(path, p))[1] not in holding}
-    _remove(path, dt, files, gone, "finished retention", report)
+    _remove(path, dt, files, gone, reason, report)
 
 
 def _remove(
@@ -276,6 +311,13 @@ def _paths_at(path: str, version: int, report: RetentionReport) -> set[str]:
         report.skipped.append(f"{path}: version {version} unreadable ({exc})")
         return set()
     return set(_Files.of(then).paths)
+
+
+def _ms(value: object) -> int:
+    """A modification time as get_add_actions gives it (a datetime or ms) in ms."""
+    if isinstance(value, datetime):
+        return int(value.timestamp() * 1000)
+    return int(value) if isinstance(value, int | float) else 0
 
 
 def _state_ids(path: str, meta: StateMeta) -> tuple[set[str], set[str]]:

@@ -3,12 +3,14 @@ tables (appenders, time travel, a restarting channel) is unharmed by it."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from queue_engine.channel_queue import DeadLetter
 from queue_engine.channel_restore import restore_channel
 from queue_engine.lease import EventKind, LeaseEvent
 from queue_engine.message import SEQUENCE_BITS
@@ -16,6 +18,7 @@ from queue_engine.registry import ChannelInfo, Registry, TopicInfo
 from queue_engine.retention import RetentionPolicy, apply_retention
 from queue_engine.settings import RetentionMode
 from queue_engine.store.append import LocalAppender
+from queue_engine.store.dead_letters import DeadLetterStore
 from queue_engine.store.ledger import events_to_arrow
 from queue_engine.store.remove_files import RemovalConflict, remove_files
 from queue_engine.store.state import STATE_SCHEMA, StateMeta, meta_as_of, read_meta, write_state
@@ -249,6 +252,35 @@ def test_a_message_dead_long_enough_loses_its_channel_row_but_not_its_events(
     # the dead-letter table. Every DEAD event stays for the dead_letters view.
     assert _ids_in(messages_path) == set(redriven)
     assert _ids_in(ledger_path) == set(everything)
+
+
+def test_dead_letter_rows_go_once_redriven_long_enough(tmp_path: Path) -> None:
+    wh = Warehouse(str(tmp_path))
+    state_path = wh.channel_state_path("t", "c")
+    start = time.time_ns() // 1000
+    redriven, dead, finished = (_ids(start, 1, n) for n in (1, 2, 3))
+    messages = _appender(wh.channel_messages_path("t", "c"), CHANNEL_MESSAGES_SCHEMA)
+    messages.append(_channel_rows(redriven + dead + finished, 1))
+    letters = DeadLetterStore(wh.channel_dead_path("t", "c"))
+    for ids in (redriven, dead, finished):
+        letters.append([DeadLetter(i, b"x", start, 1, "c", "REQ", start) for i in ids])
+    letters.close()
+    # Sweeps (their clocks ahead of the rows' writing): all three dead at the first; by the
+    # newest, one redriven and ready, one still dead, one redriven and FIN'd (gone).
+    swept = start + 2 * 60_000_000
+    everything = redriven + dead + finished
+    _state(state_path, everything, _meta(1, 1, 1, swept), 1, frozenset(everything))
+    _state(state_path, everything, _meta(1, 1, 1, swept + HOUR), 1, frozenset(everything))
+    _state(state_path, redriven + dead, _meta(2, 1, 1, swept + 2 * HOUR), 1, frozenset(dead))
+    policy = RetentionPolicy(0.0, RetentionMode.TAKEN, 2.5)
+
+    # Judged by the sweep at swept + 1 h: all three dead then, so every row stays.
+    report = apply_retention(wh, _registry(_topic("t", "c")), policy, swept + 3.5 * HOUR)
+    assert _ids_in(wh.channel_dead_path("t", "c")) == set(everything)
+    # Judged by the newest: the redriven ones' rows go, the dead one's stays.
+    report = apply_retention(wh, _registry(_topic("t", "c")), policy, swept + 5 * HOUR)
+    assert report.files_removed >= 2
+    assert _ids_in(wh.channel_dead_path("t", "c")) == set(dead)
 
 
 def test_the_old_state_is_found_among_many_sweeps(tmp_path: Path) -> None:
