@@ -215,6 +215,7 @@ class ChannelQueue:
             ids, bodies, published_at_us, expiries, strict=True
         ):
             if message_id in self.states and message_id not in self.dead:
+                self.has_own_expiries = self.has_own_expiries or expires is not None
                 self._bodies[message_id] = (body, published, expires)
                 self.body_wanted.discard(message_id)
                 attached += 1
