@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import time
 from typing import Any
 
 import httpx
@@ -13,6 +14,18 @@ def sub(c: httpx.Client, topic: str, channel: str, **params: Any) -> list[dict[s
     assert r.status_code == 200, r.text
     messages: list[dict[str, Any]] = r.json()["messages"]
     return messages
+
+
+def sub_all(
+    c: httpx.Client, topic: str, channel: str, n: int, **params: Any
+) -> list[dict[str, Any]]:
+    """Subscribe until ``n`` messages came (the fanout delivers within a few seconds)."""
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 30
+    while len(got) < n and time.monotonic() < deadline:
+        got += sub(c, topic, channel, max=n - len(got), wait_ms=2000, **params)
+    assert len(got) == n, got
+    return got
 
 
 def answer(

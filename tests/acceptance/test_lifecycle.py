@@ -19,7 +19,7 @@ from queue_engine.spark.views import register_views
 from queue_engine.store.ledger import read_ledger
 from queue_engine.store.tables import Warehouse
 from tests.conftest import Server, run_deltaq
-from tests.consumers import answer, body, channel_stats, create_channel, sub
+from tests.consumers import answer, body, channel_stats, create_channel, sub, sub_all
 
 
 @pytest.fixture(scope="module")
@@ -27,16 +27,6 @@ def server(warehouse: Path, fanout: None) -> Iterator[Server]:
     s = Server(warehouse, env={"DELTAQ_MSG_TIMEOUT_MS": "60000"}).start()
     yield s
     s.stop()
-
-
-def _sub_all(http: httpx.Client, topic: str, channel: str, n: int, **params: Any) -> list[Any]:
-    """Subscribe until ``n`` messages came (the fanout delivers within a few seconds)."""
-    got: list[Any] = []
-    deadline = time.monotonic() + 30
-    while len(got) < n and time.monotonic() < deadline:
-        got += sub(http, topic, channel, max=n - len(got), wait_ms=2000, **params)
-    assert len(got) == n, got
-    return got
 
 
 def _dead(http: httpx.Client, topic: str, channel: str) -> dict[str, Any]:
@@ -60,10 +50,10 @@ def test_a_message_past_max_attempts_is_dead_lettered_not_delivered(
     assert r.status_code == 200, r.text
     assert http.post("/mpub", params={"topic": "dl"}, content=b"a\nb\nc").text == "OK"
 
-    first = _sub_all(http, "dl", "c", 3, consumer="worker-1")
+    first = sub_all(http, "dl", "c", 3, consumer="worker-1")
     assert {m["attempts"] for m in first} == {1}
     assert answer(http, "req", "dl", "c", *first).text == "OK"
-    second = _sub_all(http, "dl", "c", 3, consumer="worker-2")
+    second = sub_all(http, "dl", "c", 3, consumer="worker-2")
     assert {m["attempts"] for m in second} == {2}
     assert answer(http, "req", "dl", "c", *second).text == "OK"
 
@@ -114,7 +104,7 @@ def test_redrive_named_then_all_resets_attempts_once(server: Server) -> None:
         ids = [m["id"] for m in _dead(http, "dl", "c")["messages"]]
         one = _redrive(http, "dl", "c", ids[0])
         assert one.status_code == 200 and one.json() == {"redriven": 1}
-        [again] = _sub_all(http, "dl", "c", 1)
+        [again] = sub_all(http, "dl", "c", 1)
         assert again["id"] == ids[0] and again["attempts"] == 1
         # Not dead any more: naming it again redrives nothing at all, not even the others.
         refused = _redrive(http, "dl", "c", ids[0], ids[1])
@@ -132,7 +122,7 @@ def test_redrive_named_then_all_resets_attempts_once(server: Server) -> None:
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == "2 dead letters of dl/c redriven"
         assert _redrive(http, "dl", "c").json() == {"redriven": 0}
-        rest = _sub_all(http, "dl", "c", 2)
+        rest = sub_all(http, "dl", "c", 2)
         assert sorted(m["id"] for m in rest) == sorted(ids[1:])
         assert {m["attempts"] for m in rest} == {1}
         assert answer(http, "fin", "dl", "c", again, *rest).text == "OK"
@@ -151,7 +141,7 @@ def test_a_lease_that_times_out_on_its_last_attempt_dies_with_timeout(server: Se
         )
         assert r.status_code == 200
         assert http.post("/pub", params={"topic": "dlt"}, content=b"slow").text == "OK"
-        [m] = _sub_all(http, "dlt", "c", 1, msg_timeout_ms=1000, consumer="sleepy")
+        [m] = sub_all(http, "dlt", "c", 1, msg_timeout_ms=1000, consumer="sleepy")
         time.sleep(1.5)
         assert sub(http, "dlt", "c", wait_ms=1000) == []
         [dead] = _dead(http, "dlt", "c")["messages"]
@@ -229,11 +219,11 @@ def test_messages_past_their_topics_ttl_are_expired_not_delivered(
         assert r.status_code == 200, r.text
         assert http.post("/mpub", params={"topic": "ttl"}, content=b"old1\nold2").text == "OK"
         # One is taken and given back in time; then nobody comes until both are too old.
-        [m] = _sub_all(http, "ttl", "c", 1)
+        [m] = sub_all(http, "ttl", "c", 1)
         assert answer(http, "req", "ttl", "c", m).text == "OK"
         time.sleep(2.0)
         assert http.post("/pub", params={"topic": "ttl"}, content=b"fresh").text == "OK"
-        [fresh] = _sub_all(http, "ttl", "c", 1)
+        [fresh] = sub_all(http, "ttl", "c", 1)
         assert body(fresh) == b"fresh"
         assert answer(http, "fin", "ttl", "c", fresh).text == "OK"
         stats = channel_stats(http, "ttl", "c")
@@ -247,7 +237,7 @@ def test_messages_past_their_topics_ttl_are_expired_not_delivered(
         assert r.status_code == 200
         assert http.post("/pub", params={"topic": "ttl"}, content=b"patient").text == "OK"
         time.sleep(2.0)
-        [late] = _sub_all(http, "ttl", "c", 1)
+        [late] = sub_all(http, "ttl", "c", 1)
         assert body(late) == b"patient"
         assert answer(http, "fin", "ttl", "c", late).text == "OK"
 
@@ -288,7 +278,7 @@ def test_a_messages_own_ttl_replaces_the_topics_and_outlives_a_restart(
     time.sleep(2.0)
     server.start()
     with httpx.Client(base_url=server.url, timeout=30) as http:
-        [m] = _sub_all(http, "own", "c", 1)
+        [m] = sub_all(http, "own", "c", 1)
         assert body(m) == b"long"
         assert answer(http, "fin", "own", "c", m).text == "OK"
         # The deferred one comes due after its TTL: it is expired then, never delivered.
@@ -329,7 +319,7 @@ def test_expired_messages_leave_the_depth_with_no_consumer(server: Server) -> No
             time.sleep(0.2)
             stats = channel_stats(http, "idle", "c")
         assert (stats["expired_count"], stats["depth"]) == (3, 1), stats
-        [m] = _sub_all(http, "idle", "c", 1)
+        [m] = sub_all(http, "idle", "c", 1)
         assert body(m) == b"kept"
         assert answer(http, "fin", "idle", "c", m).text == "OK"
 
@@ -358,7 +348,7 @@ def test_bad_ttl_is_refused_and_changes_nothing(server: Server, value: str) -> N
         assert missing.status_code == 404
         # dl has no TTL: a message published now is delivered whenever it is asked for.
         assert http.post("/pub", params={"topic": "dl"}, content=b"kept").text == "OK"
-        [m] = _sub_all(http, "dl", "c", 1)
+        [m] = sub_all(http, "dl", "c", 1)
         assert body(m) == b"kept"
         assert answer(http, "fin", "dl", "c", m).text == "OK"
 
@@ -386,7 +376,7 @@ def test_with_expired_to_dead_letters_an_expired_message_is_dead_lettered(
             r = http.post("/topic/configure", params={"topic": "ttl2dl", "ttl_ms": "default"})
             assert r.status_code == 200
             assert _redrive(http, "ttl2dl", "c").json() == {"redriven": 1}
-            [m] = _sub_all(http, "ttl2dl", "c", 1)
+            [m] = sub_all(http, "ttl2dl", "c", 1)
             assert body(m) == b"late" and m["attempts"] == 1
             assert answer(http, "fin", "ttl2dl", "c", m).text == "OK"
 

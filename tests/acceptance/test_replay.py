@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 from queue_engine.spark.views import register_views
 from queue_engine.store.tables import Warehouse
 from tests.conftest import Server, run_deltaq
-from tests.consumers import answer, body, channel_stats, create_channel, sub
+from tests.consumers import answer, body, channel_stats, create_channel, sub, sub_all
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +28,8 @@ def server(warehouse: Path, fanout: None) -> Iterator[Server]:
 
 
 def _take(http: httpx.Client, channel: str, n: int) -> list[dict[str, Any]]:
-    """``n`` messages of topic rp on ``channel``, each FIN'd (the fanout takes a moment)."""
-    got: list[dict[str, Any]] = []
-    deadline = time.monotonic() + 30
-    while len(got) < n and time.monotonic() < deadline:
-        got += sub(http, "rp", channel, max=n - len(got), wait_ms=2000)
-    assert len(got) == n, got
+    """``n`` messages of topic rp on ``channel``, each FIN'd."""
+    got = sub_all(http, "rp", channel, n)
     for m in got:
         assert answer(http, "fin", "rp", channel, m).text == "OK"
     return got

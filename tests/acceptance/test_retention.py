@@ -27,7 +27,7 @@ from queue_engine.store.append import ObjectStoreAppender, appender_for
 from queue_engine.store.tables import TOPIC_SCHEMA, Warehouse, conform, open_or_create
 from tests.acceptance.conftest import BUCKET
 from tests.conftest import Server, run_deltaq
-from tests.consumers import answer, body, channel_stats, create_channel, sub
+from tests.consumers import answer, body, channel_stats, create_channel, sub, sub_all
 from tests.s3 import S3Server, store_env
 
 _UTC_US = pa.timestamp("us", "UTC")
@@ -43,15 +43,6 @@ def server(warehouse: Path, fanout: None) -> Iterator[Server]:
     s.stop()
 
 
-def _take(http: httpx.Client, topic: str, n: int) -> list[dict[str, Any]]:
-    got: list[dict[str, Any]] = []
-    deadline = time.monotonic() + 30
-    while len(got) < n and time.monotonic() < deadline:
-        got += sub(http, topic, "c", max=n - len(got), wait_ms=2000)
-    assert len(got) == n, got
-    return got
-
-
 def _ids(path: str) -> set[str]:
     return set(DeltaTable(path).to_pyarrow_table(columns=["id"])["id"].to_pylist())
 
@@ -64,10 +55,10 @@ def test_rows_past_keeping_go_and_nothing_live_is_touched(
     r = http.post("/topic/configure", params={"topic": "ret", "retention_hours": HOURS})
     assert r.status_code == 200, r.text
     assert http.post("/mpub", params={"topic": "ret"}, content=b"a\nb").text == "OK"
-    done = _take(http, "ret", 2)
+    done = sub_all(http, "ret", "c", 2)
     assert answer(http, "fin", "ret", "c", *done).text == "OK"
     assert http.post("/pub", params={"topic": "ret"}, content=b"held").text == "OK"
-    [held] = _take(http, "ret", 1)
+    [held] = sub_all(http, "ret", "c", 1)
 
     sweep(spark, wh, retention=FINISHED)  # the state retention will judge by, later
     before = datetime.now(UTC)
@@ -95,7 +86,7 @@ def test_rows_past_keeping_go_and_nothing_live_is_touched(
         assert topic["topics"][0]["depth"] == 0
         assert answer(again, "fin", "ret", "c", held).text == "OK"
         assert again.post("/pub", params={"topic": "ret"}, content=b"after").text == "OK"
-        [after] = _take(again, "ret", 1)
+        [after] = sub_all(again, "ret", "c", 1)
         assert body(after) == b"after" and after["id"] > held["id"]
         assert answer(again, "fin", "ret", "c", after).text == "OK"
 
@@ -116,7 +107,7 @@ def test_a_dead_letters_channel_row_goes_and_a_redrive_still_delivers_its_body(
     r = http.post("/channel/create", params={"topic": "dlret", "channel": "c", "max_attempts": "1"})
     assert r.is_success, r.text
     assert http.post("/pub", params={"topic": "dlret"}, content=b"dying").text == "OK"
-    [m] = _take(http, "dlret", 1)
+    [m] = sub_all(http, "dlret", "c", 1)
     assert answer(http, "req", "dlret", "c", m).text == "OK"
     assert sub(http, "dlret", "c", max=1, wait_ms=500) == []  # its one attempt was had
     assert channel_stats(http, "dlret", "c")["dead_count"] == 1

@@ -122,6 +122,15 @@ def _appender(path: str, schema: pa.Schema) -> LocalAppender:
     return LocalAppender(path)
 
 
+def _channel_paths(wh: Warehouse) -> tuple[str, str, str]:
+    """Channel t/c's messages, ledger and state tables."""
+    return (
+        wh.channel_messages_path("t", "c"),
+        wh.channel_ledger_path("t", "c"),
+        wh.channel_state_path("t", "c"),
+    )
+
+
 def _ids_in(path: str, version: int | None = None) -> set[str]:
     return set(DeltaTable(path, version=version).to_pyarrow_table(columns=["id"])["id"].to_pylist())
 
@@ -187,9 +196,7 @@ def test_a_channel_keeps_rows_of_live_messages_and_loses_those_finished_long_eno
     tmp_path: Path,
 ) -> None:
     wh = Warehouse(str(tmp_path))
-    messages_path = wh.channel_messages_path("t", "c")
-    ledger_path = wh.channel_ledger_path("t", "c")
-    state_path = wh.channel_state_path("t", "c")
+    messages_path, ledger_path, state_path = _channel_paths(wh)
     messages = _appender(messages_path, CHANNEL_MESSAGES_SCHEMA)
     ledger = _appender(ledger_path, LEDGER_SCHEMA)
     done, still, later = _ids(NOW - 6 * HOUR, 2), _ids(NOW - 6 * HOUR, 1, 2), _ids(NOW - HOUR, 1)
@@ -231,9 +238,7 @@ def test_a_message_dead_long_enough_loses_its_channel_row_but_not_its_events(
     tmp_path: Path,
 ) -> None:
     wh = Warehouse(str(tmp_path))
-    messages_path = wh.channel_messages_path("t", "c")
-    ledger_path = wh.channel_ledger_path("t", "c")
-    state_path = wh.channel_state_path("t", "c")
+    messages_path, ledger_path, state_path = _channel_paths(wh)
     messages = _appender(messages_path, CHANNEL_MESSAGES_SCHEMA)
     ledger = _appender(ledger_path, LEDGER_SCHEMA)
     dead, redriven = _ids(NOW - 6 * HOUR, 2), _ids(NOW - 6 * HOUR, 1, 2)
