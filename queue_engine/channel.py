@@ -35,6 +35,12 @@ from queue_engine.store.ledger import (
     read_versions,
 )
 from queue_engine.store.loop_ledger import LoopLedgerWriter, open_ledger_writer
+from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, conform
+
+# What a body lookup needs of a row (the channel table's and the dead-letter table's).
+_BODY_SCHEMA = pa.schema(
+    [CHANNEL_MESSAGES_SCHEMA.field(c) for c in ("id", "body", "published_at", "expires_at")]
+)
 
 log = logging.getLogger(__name__)
 
@@ -363,11 +369,8 @@ class ChannelRuntime:
                     # A message redriven since the last sweep, whose channel row retention
                     # removed while it was dead: its body is in the dead-letter table.
                     dead = await asyncio.to_thread(self._dead.latest, sorted(missing))
-                    self.queue.attach_bodies(
-                        dead["id"].to_pylist(),
-                        dead["body"].to_pylist(),
-                        dead["published_at"].cast(pa.int64()).to_pylist(),
-                        expires_at(dead),
+                    table = pa.concat_tables(
+                        [conform(table, _BODY_SCHEMA), conform(dead, _BODY_SCHEMA)]
                     )
                 if not self._broken:
                     self.queue.attach_bodies(

@@ -20,9 +20,10 @@ of them, the replay is refused (``RANGE_REMOVED``) rather than delivering part o
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,6 +38,7 @@ REPLAY_APP_PREFIX = "deltaq-replay"
 REPLAY_ID_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
 _REPLAY_ID = re.compile(REPLAY_ID_PATTERN)
 _VERSION = re.compile(r"^[0-9]{1,18}$")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # A bound as given: a topic version, or a time (µs since the epoch).
 Bound = tuple[str, int]
@@ -77,19 +79,26 @@ def parse_bound(value: str | None, name: str) -> Bound | None:
             ErrorCode.INVALID_RANGE,
             f"{name}={value!r}: a topic version or an RFC 3339 time with an offset",
         )
-    return ("time", int(at.timestamp() * 1_000_000))
+    # Exact to the microsecond (a float timestamp can land one below).
+    return ("time", (at - _EPOCH) // timedelta(microseconds=1))
 
 
-def resolve(path: str, start: Bound, end: Bound | None) -> tuple[int, int]:
-    """The versions ``first..last`` a range names (``end`` None: the newest version)."""
-    latest = latest_version(path)
-    first = start[1] if start[0] == "version" else _first_at_or_after(path, start[1], latest)
-    last = (
-        latest
-        if end is None
-        else (end[1] if end[0] == "version" else _last_at_or_before(path, end[1], latest))
+def resolve(path: str, start: Bound, end: Bound | None, known: int = -1) -> tuple[int, int]:
+    """The versions ``first..last`` a range names (``end`` None: the newest version);
+    ``known``: a version the table has reached (the newest is probed from there)."""
+    latest = latest_version(path, known)
+    first = (
+        start[1] if start[0] == "version" else _first_after(path, start[1], latest, inclusive=True)
     )
-    if first is None or last is None or first > latest or last > latest:
+    if end is None:
+        last = latest
+    elif end[0] == "version":
+        last = end[1]
+    else:
+        last = _first_after(path, end[1], latest, inclusive=False) - 1
+        if last < 0 or _commit_ms(path, last) is None:
+            last = -1  # nothing committed by then that the log still has
+    if first > latest or not 0 <= last <= latest:
         raise QueueError(
             ErrorCode.INVALID_RANGE, f"outside the topic's versions (0..{latest}): {start}..{end}"
         )
@@ -140,34 +149,16 @@ def _commit_ms(path: str, version: int) -> int | None:
     return int(stamp) if isinstance(stamp, int | float) else None
 
 
-def _first_at_or_after(path: str, at_us: int, latest: int) -> int | None:
-    """The first version committed at or after ``at_us`` (a binary search over the log)."""
-    low, high, found = 0, latest, None
-    while low <= high:
-        middle = (low + high) // 2
-        stamp = _commit_ms(path, middle)
-        if stamp is None:  # cleaned from the log: older than anything still there
-            low = middle + 1
-        elif stamp * 1000 >= at_us:
-            found, high = middle, middle - 1
-        else:
-            low = middle + 1
-    return found
+def _first_after(path: str, at_us: int, latest: int, *, inclusive: bool) -> int:
+    """The first version committed after ``at_us`` (at it too with ``inclusive``), or
+    ``latest + 1``: a binary search over the log, reading one commit file per step. Versions
+    the log cleanup removed count as older than anything still there."""
 
+    def after(version: int) -> bool:
+        stamp = _commit_ms(path, version)
+        return stamp is not None and (stamp * 1000 >= at_us if inclusive else stamp * 1000 > at_us)
 
-def _last_at_or_before(path: str, at_us: int, latest: int) -> int | None:
-    """The last version committed at or before ``at_us``."""
-    low, high, found = 0, latest, None
-    while low <= high:
-        middle = (low + high) // 2
-        stamp = _commit_ms(path, middle)
-        if stamp is None or stamp * 1000 <= at_us:
-            if stamp is not None:
-                found = middle
-            low = middle + 1
-        else:
-            high = middle - 1
-    return found
+    return bisect.bisect_left(range(latest + 1), True, key=after)
 
 
 @dataclass(frozen=True)
@@ -190,7 +181,7 @@ def run_replay(
     limit: int,
 ) -> ReplayResult:
     """Copy the range's rows for ``channel`` into the topic (blocking; one commit or none)."""
-    first, last = resolve(writer.path, start, end)
+    first, last = resolve(writer.path, start, end, writer.stats().version)
     rows = read_range(writer.path, channel, first, last, limit)
     if len(rows.ids) == 0:
         return ReplayResult(replay_id, first, last, 0, False)

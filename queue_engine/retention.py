@@ -31,7 +31,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -116,7 +115,7 @@ class _Files:
             [int(r or 0) for r in column("num_records")],
             [None if m is None else str(m) for m in column("max.id")],
             [None if v is None else int(v) for v in column("max.topic_version")],
-            [_ms(t) for t in column("modification_time")],
+            [int(t or 0) for t in column("modification_time")],
         )
 
 
@@ -311,13 +310,6 @@ def _paths_at(path: str, version: int, report: RetentionReport) -> set[str]:
         report.skipped.append(f"{path}: version {version} unreadable ({exc})")
         return set()
     return set(_Files.of(then).paths)
-
-
-def _ms(value: object) -> int:
-    """A modification time as get_add_actions gives it (a datetime or ms) in ms."""
-    if isinstance(value, datetime):
-        return int(value.timestamp() * 1000)
-    return int(value) if isinstance(value, int | float) else 0
 
 
 def _state_ids(path: str, meta: StateMeta) -> tuple[set[str], set[str]]:

@@ -29,6 +29,13 @@ def server(warehouse: Path, fanout: None) -> Iterator[Server]:
     s.stop()
 
 
+def _channel_with_ttl(http: httpx.Client, topic: str, ttl_ms: int) -> None:
+    """Channel ``c`` of ``topic``, whose messages expire ``ttl_ms`` after publishing."""
+    create_channel(http, topic, "c")
+    r = http.post("/topic/configure", params={"topic": topic, "ttl_ms": str(ttl_ms)})
+    assert r.status_code == 200, r.text
+
+
 def _dead(http: httpx.Client, topic: str, channel: str) -> dict[str, Any]:
     r = http.get("/channel/dead", params={"topic": topic, "channel": channel})
     assert r.status_code == 200, r.text
@@ -214,9 +221,7 @@ def test_messages_past_their_topics_ttl_are_expired_not_delivered(
     spark: SparkSession, server: Server, warehouse: Path
 ) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as http:
-        create_channel(http, "ttl", "c")
-        r = http.post("/topic/configure", params={"topic": "ttl", "ttl_ms": "1500"})
-        assert r.status_code == 200, r.text
+        _channel_with_ttl(http, "ttl", 1500)
         assert http.post("/mpub", params={"topic": "ttl"}, content=b"old1\nold2").text == "OK"
         # One is taken and given back in time; then nobody comes until both are too old.
         [m] = sub_all(http, "ttl", "c", 1)
@@ -257,9 +262,7 @@ def test_a_messages_own_ttl_replaces_the_topics_and_outlives_a_restart(
     spark: SparkSession, server: Server, warehouse: Path
 ) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as http:
-        create_channel(http, "own", "c")
-        r = http.post("/topic/configure", params={"topic": "own", "ttl_ms": "1500"})
-        assert r.status_code == 200, r.text
+        _channel_with_ttl(http, "own", 1500)
         # Longer than the topic's TTL, the topic's TTL, and shorter ones (one request each).
         r = http.post("/pub", params={"topic": "own", "ttl_ms": "600000"}, content=b"long")
         assert r.text == "OK"
@@ -307,9 +310,7 @@ def test_a_messages_own_ttl_replaces_the_topics_and_outlives_a_restart(
 def test_expired_messages_leave_the_depth_with_no_consumer(server: Server) -> None:
     """Expiry does not wait for a SUB: the pump expires the head of the ready queue."""
     with httpx.Client(base_url=server.url, timeout=30) as http:
-        create_channel(http, "idle", "c")
-        r = http.post("/topic/configure", params={"topic": "idle", "ttl_ms": "1000"})
-        assert r.status_code == 200, r.text
+        _channel_with_ttl(http, "idle", 1000)
         assert http.post("/mpub", params={"topic": "idle"}, content=b"a\nb\nc").text == "OK"
         r = http.post("/pub", params={"topic": "idle", "ttl_ms": "600000"}, content=b"kept")
         assert r.text == "OK"
@@ -361,9 +362,7 @@ def test_with_expired_to_dead_letters_an_expired_message_is_dead_lettered(
     try:
         server.start()
         with httpx.Client(base_url=server.url, timeout=30) as http:
-            create_channel(http, "ttl2dl", "c")
-            r = http.post("/topic/configure", params={"topic": "ttl2dl", "ttl_ms": "1000"})
-            assert r.status_code == 200, r.text
+            _channel_with_ttl(http, "ttl2dl", 1000)
             assert http.post("/pub", params={"topic": "ttl2dl"}, content=b"late").text == "OK"
             time.sleep(1.5)
             assert sub(http, "ttl2dl", "c", max=5, wait_ms=1500) == []

@@ -18,7 +18,7 @@ from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.fanout import route
 from queue_engine.registry import Action, Registry, RegistryEvent
 from queue_engine.replay import parse_bound, run_replay
-from queue_engine.store.commit_log import commit_file
+from queue_engine.store.commit_log import commit_file, commit_info
 from queue_engine.store.remove_files import remove_files
 from queue_engine.store.writer import TopicWriter
 
@@ -48,6 +48,7 @@ def _topic(tmp_path: Path, bodies: list[bytes]) -> tuple[TopicWriter, list[int]]
         writer.submit_publish([body], time.time_ns() // 1000, None, i)
         done.wait(i + 1)
         versions.append(writer.stats().version)
+        time.sleep(0.002)  # commits a few ms apart: each has its own commit time
     return writer, versions
 
 
@@ -102,24 +103,15 @@ def test_a_replay_copies_a_range_once_per_id_for_its_channel_only(tmp_path: Path
 
 
 def test_a_range_by_time_is_the_versions_committed_then(tmp_path: Path) -> None:
-    writer, versions = _topic(tmp_path, [b"early"])
-    time.sleep(0.05)
-    start = datetime.now(UTC)
-    time.sleep(0.05)
-    done = _Done()
-    writer._notify = done  # the same writer, counting afresh
-    for i, body in enumerate([b"mid1", b"mid2"]):
-        writer.submit_publish([body], time.time_ns() // 1000, None, i)
-        done.wait(i + 1)
-    time.sleep(0.05)
-    end = datetime.now(UTC)
-    time.sleep(0.05)
-    writer.submit_publish([b"late"], time.time_ns() // 1000, None, 9)
-    done.wait(3)
+    writer, versions = _topic(tmp_path, [b"early", b"mid1", b"mid2", b"late"])
+    # The times the log recorded for mid1's and mid2's commits bound the range exactly.
+    stamps = [commit_info(writer.path, v)["timestamp"] for v in versions]  # type: ignore[index]
+    assert stamps == sorted(set(stamps))
+    start, end = (datetime.fromtimestamp(int(t) / 1000, UTC) for t in stamps[1:3])
     first, last = parse_bound(start.isoformat(), "from"), parse_bound(end.isoformat(), "to")
     assert first is not None and last is not None
     result = run_replay(writer, "a", first, last, "t", 1000)
-    assert (result.first_version, result.last_version) == (versions[0] + 1, versions[0] + 2)
+    assert (result.first_version, result.last_version) == (versions[1], versions[2])
     copies = [r["body"] for r in _rows(writer) if r["replay_of"] is not None]
     assert copies == [b"mid1", b"mid2"]
     writer.close()
