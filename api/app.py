@@ -36,6 +36,7 @@ from queue_engine.broker import Broker
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.history import History
 from queue_engine.settings import Settings
+from queue_engine.store.nodes import Node
 
 DESCRIPTION = """\
 deltaq: NSQ's HTTP API over Delta Lake. Every published message is appended to its topic's
@@ -49,12 +50,13 @@ SWAGGER_ASSETS = "/_static/swagger-ui"
 _METHODS = ("DELETE", "GET", "PATCH", "POST", "PUT")
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """The API for one warehouse; the broker starts and stops with the app's lifespan."""
+def create_app(settings: Settings, node: Node | None = None) -> FastAPI:
+    """The API for one warehouse (as ``node``, one of several, when given); the broker starts
+    and stops with the app's lifespan."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        broker = Broker(settings)
+        broker = Broker(settings, node)
         await broker.start()
         app.state.broker = broker
         sampler = asyncio.get_running_loop().create_task(
@@ -114,8 +116,9 @@ def create_app(settings: Settings) -> FastAPI:
     openapi.install(app, settings)
 
     @app.exception_handler(QueueError)
-    async def queue_error(_: Request, exc: QueueError) -> Response:
-        return from_queue_error(exc)
+    async def queue_error(request: Request, exc: QueueError) -> Response:
+        query = request.url.query
+        return from_queue_error(exc, request.url.path + (f"?{query}" if query else ""))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:

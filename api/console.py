@@ -141,7 +141,7 @@ async def history(request: Request, topic: Topic = None, channel: Channel = None
     broker.registry.existing_topic(name)
     if channel is None:
         return ok_json(_history(request).topic_series(name))
-    broker.channel(name, require_channel(channel))
+    broker.registry.existing_channel(name, require_channel(channel))
     return ok_json(_history(request).channel_series(name, channel))
 
 
@@ -164,7 +164,7 @@ async def peek(
     channel: Channel = None,
     n: Annotated[int, Query(ge=1, le=PEEK_MAX, description="How many")] = 10,
 ) -> Response:
-    runtime = broker_of(request).channel(require_topic(topic), require_channel(channel))
+    runtime = await broker_of(request).channel(require_topic(topic), require_channel(channel))
     return ok_json(
         {
             "messages": [

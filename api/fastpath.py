@@ -27,7 +27,7 @@ from api.responses import (
     queue_error_body,
 )
 from queue_engine.broker import Broker
-from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.errors import ChannelElsewhereError, ErrorCode, QueueError
 from queue_engine.lease import EventKind
 
 log = logging.getLogger(__name__)
@@ -95,13 +95,12 @@ class FastPath:
                 await answer(broker, _ANSWERS[path], params, query, read)
         except QueueError as exc:
             body = queue_error_body(exc)
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": STATUS[exc.code],
-                    "headers": [_JSON, _NSQ, (b"content-length", str(len(body)).encode())],
-                }
-            )
+            headers = [_JSON, _NSQ, (b"content-length", str(len(body)).encode())]
+            if isinstance(exc, ChannelElsewhereError):
+                target = path + (f"?{scope['query_string'].decode('latin-1')}" if query else "")
+                headers.append((b"location", (exc.node_url.rstrip("/") + target).encode()))
+            start = {"type": "http.response.start", "status": STATUS[exc.code], "headers": headers}
+            await send(start)
             await send({"type": "http.response.body", "body": body})
             return
         except ClientDisconnect:

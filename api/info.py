@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import socket
 import time
@@ -46,6 +47,14 @@ async def info(request: Request) -> Response:
         "warehouse": broker.settings.warehouse,
         "ack": str(broker.settings.ack),
     }
+    node = broker.node.record if broker.node is not None else None
+    if node is not None:
+        body["node"] = {"lane": node.lane, "http_url": node.http_url}
+        nodes = await asyncio.to_thread(broker.live_nodes)
+        body["nodes"] = [
+            {"lane": n.lane, "http_url": n.http_url, "tcp_address": n.tcp_address}
+            for n in sorted(nodes.values(), key=lambda n: n.lane)
+        ]
     jobs = _jobs(request)
     if jobs is not None:
         body["jobs"] = jobs
@@ -102,6 +111,8 @@ def _topic_json(t: TopicStats) -> dict[str, Any]:
                 "clients": [_client_json(k) for k in c.clients],
                 "paused": c.paused,
                 "e2e_processing_latency": _e2e(),
+                # deltaq: the node serving the channel (null: none known to this node yet).
+                "node": c.node,
             }
             for c in t.channels
         ],
@@ -188,6 +199,14 @@ async def stats(
     }
     if _BOOL.get(include_mem or "", True):
         body["memory"] = _memory()
+    node = broker.node.record if broker.node is not None else None
+    if node is not None:
+        body["node"] = {"lane": node.lane, "http_url": node.http_url}
+        nodes = await asyncio.to_thread(broker.live_nodes)
+        body["nodes"] = [
+            {"lane": n.lane, "http_url": n.http_url, "tcp_address": n.tcp_address}
+            for n in sorted(nodes.values(), key=lambda n: n.lane)
+        ]
     jobs = _jobs(request)
     if jobs is not None:
         body["jobs"] = jobs

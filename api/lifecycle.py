@@ -213,7 +213,7 @@ async def channel_dead(
     limit: Annotated[int, Query(ge=1, le=10_000, description="At most this many")] = 100,
 ) -> Response:
     topic_name, channel_name = require_topic_channel(topic, channel)
-    runtime = broker_of(request).channel(topic_name, channel_name)
+    runtime = await broker_of(request).channel(topic_name, channel_name)
     table = await runtime.dead_letters(limit)
     rows: list[dict[str, Any]] = [
         {

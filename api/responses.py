@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import Response
 
-from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.errors import ChannelElsewhereError, ErrorCode, QueueError
 
 NSQ_HEADER = {"X-NSQ-Content-Type": "nsq; version=1.0"}
 JSON_TYPE = "application/json; charset=utf-8"
@@ -56,6 +56,8 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.INTERNAL_ERROR: 500,
     ErrorCode.E_COMMIT_FAILED: 503,
     ErrorCode.EXITING: 503,
+    # Another node serves the channel: the same request there (Location).
+    ErrorCode.CHANNEL_ELSEWHERE: 307,
 }
 
 # What nsqd's /channel/* handlers can answer about their topic and channel arguments.
@@ -100,6 +102,8 @@ def queue_error_body(exc: QueueError) -> bytes:
             payload["reason"] = exc.detail
     if exc.failed is not None:
         payload["failed"] = exc.failed
+    if isinstance(exc, ChannelElsewhereError):
+        payload["node"] = exc.node_url
     return json.dumps(payload, separators=(",", ":")).encode()
 
 
@@ -117,8 +121,13 @@ def _error_response(code: ErrorCode, body: bytes, headers: dict[str, str] | None
     )
 
 
-def from_queue_error(exc: QueueError) -> Response:
-    return _error_response(exc.code, queue_error_body(exc), None)
+def from_queue_error(exc: QueueError, request_target: str = "") -> Response:
+    """The answer to a refused request; ``request_target`` (path and query) is where a
+    redirect to the channel's node goes on that node."""
+    headers = None
+    if isinstance(exc, ChannelElsewhereError):
+        headers = {"Location": exc.node_url.rstrip("/") + request_target}
+    return _error_response(exc.code, queue_error_body(exc), headers)
 
 
 def error_doc(*codes: ErrorCode) -> dict[int | str, dict[str, Any]]:

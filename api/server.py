@@ -15,7 +15,7 @@ import uvicorn
 
 from api.app import create_app, with_fast_path
 from queue_engine.settings import Settings
-from queue_engine.store.warehouse_lock import WarehouseLock
+from queue_engine.store.nodes import Node
 
 log = logging.getLogger(__name__)
 
@@ -36,28 +36,48 @@ def serve(
     """Serve until SIGINT/SIGTERM; pending publishes are committed before exit.
     ``on_started`` is called once the server listens."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    # Before anything is opened: a second API on this warehouse stops here, with one line.
-    lock = WarehouseLock(
+    # Before anything is opened: join the warehouse's nodes (a lane; refused when all are held).
+    node = Node(
         settings.warehouse,
+        node_url(settings),
+        f"{advertised_host(settings)}:{settings.tcp_port}" if settings.tcp_port else None,
+        lease_s=settings.store_lease_s,
         # Lost on an object store (not renewed in time, or taken): stop serving, gracefully.
         on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM),
-        lease_s=settings.store_lease_s,
     )
-    lock.acquire()
+    node.join()
     try:
         if before_serving is not None:
             before_serving()
-        _serve(settings, on_started, jobs_status)
+        _serve(settings, node, on_started, jobs_status)
     finally:
-        lock.release()
+        node.leave()
+
+
+def advertised_host(settings: Settings) -> str:
+    """The host other nodes and clients reach this API at."""
+    if settings.broadcast_address:
+        return settings.broadcast_address
+    if settings.host in ("0.0.0.0", "::", ""):
+        return socket.gethostname()
+    return settings.host
+
+
+def node_url(settings: Settings) -> str:
+    """This API's base URL, where other nodes redirect its channels' consumers."""
+    scheme = "https" if settings.tls_cert and settings.tls_key else "http"
+    host = advertised_host(settings)
+    host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{host}:{settings.port}"
 
 
 def _serve(
     settings: Settings,
+    node: Node,
     on_started: Callable[[], None] | None,
     jobs_status: Callable[[], dict[str, object]] | None,
 ) -> None:
-    app = create_app(settings)
+    app = create_app(settings, node)
     app.state.jobs_status = jobs_status
     tls = bool(settings.tls_cert and settings.tls_key)
     if not app.state.authenticator.enabled and not is_loopback(settings.host):

@@ -41,6 +41,11 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
     parser.add_argument(
+        "--broadcast-address",
+        help="the host other nodes and clients reach this one at (default: --host, or the "
+        "hostname when listening on every address)",
+    )
+    parser.add_argument(
         "--auth-tokens-file", help="bearer tokens with roles, hashed (made by deltaq token)"
     )
     parser.add_argument(
@@ -121,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             tcp_port=args.tcp_port,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
+            broadcast_address=args.broadcast_address,
             auth_tokens_file=args.auth_tokens_file,
             auth_http_address=args.auth_http_address,
             ack=args.ack,

@@ -109,8 +109,8 @@ def _user_facing(exc: BaseException) -> bool:
 
     from queue_engine.auth import AuthConfigError
     from queue_engine.errors import QueueError
+    from queue_engine.store.nodes import WarehouseBusyError
     from queue_engine.store.object_store import StoreError
-    from queue_engine.store.warehouse_lock import WarehouseBusyError
 
     user_errors = (CommandError, QueueError, ValidationError, OSError, AuthConfigError)
     if isinstance(exc, (*user_errors, WarehouseBusyError, StoreError)):

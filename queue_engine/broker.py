@@ -19,7 +19,7 @@ from typing import Any
 
 from queue_engine.channel import ChannelRuntime
 from queue_engine.channel_queue import Answer, Delivery
-from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.errors import ChannelElsewhereError, ErrorCode, QueueError
 from queue_engine.lease import EventKind
 from queue_engine.metrics import PUBLISH_SECONDS
 from queue_engine.names import path_segment
@@ -27,8 +27,11 @@ from queue_engine.registry import Action, Registry, RegistryEvent, TopicInfo
 from queue_engine.replay import Bound, ReplayResult, run_replay
 from queue_engine.settings import AckMode, Settings
 from queue_engine.stats import ChannelStats, TopicStats, percentile_ms
+from queue_engine.store.commit_log import latest_version
 from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
-from queue_engine.store.registry_store import RegistryStore
+from queue_engine.store.nodes import Node, NodeDirectory, NodeRecord
+from queue_engine.store.ownership import Ownership
+from queue_engine.store.registry_store import RegistryMovedError, RegistryStore
 from queue_engine.store.tables import Warehouse, delete_tree, list_dirs
 from queue_engine.store.writer import CommitStats, TopicWriter, WriterClosedError
 
@@ -41,14 +44,34 @@ PUMP_INTERVAL_S = 0.005
 BUSY_TICK_S = 0.1
 IDLE_TICK_S = 2.0
 PUMP_IDLE_MAX_S = 1.0
+# With several nodes: how often a node looks for registry events other nodes committed, and
+# for nodes that died (whose channels it then takes over).
+WATCH_INTERVAL_S = 1.0
+# Registry events that raced another node's are decided again this many times.
+_REGISTRY_RETRIES = 20
 
 
 class Broker:
-    """Topics, channels and publishing for one deltaq process."""
+    """Topics, channels and publishing for one deltaq process.
 
-    def __init__(self, settings: Settings) -> None:
+    With a ``node`` (every ``deltaq api``), it is one of the warehouse's nodes: it publishes to
+    any topic, serves the channels it owns (queue_engine.store.ownership), answers
+    ``ChannelElsewhereError`` for channels another live node owns, follows the registry events
+    other nodes commit, and takes over the channels of nodes that die. Without one it serves
+    every channel of the warehouse alone (tests, embedded use).
+    """
+
+    def __init__(self, settings: Settings, node: Node | None = None) -> None:
         self.settings = settings
         self.warehouse = Warehouse(settings.warehouse)
+        self.node = node
+        self._directory = NodeDirectory(settings.warehouse) if node is not None else None
+        self._ownership = Ownership(settings.warehouse) if node is not None else None
+        # Live nodes (lane -> token) as last seen by the watch, to notice one dying.
+        self._seen_nodes: dict[int, str] = {}
+        # Channels other nodes own, and where (for /stats): refreshed by the watch.
+        self.elsewhere: dict[tuple[str, str], str] = {}
+        self._watch: asyncio.Task[None] | None = None
         self.started_at = time.time()
         self._registry_store: RegistryStore | None = None
         self.registry = Registry()
@@ -78,11 +101,15 @@ class Broker:
         """Fold the registry, finish interrupted deletes, open every topic's writer."""
         self._loop = asyncio.get_running_loop()
         await asyncio.to_thread(self._start_blocking)
+        nodes = await asyncio.to_thread(self._directory.fresh) if self._directory else {}
         for topic in list(self.registry.topics.values()):
             for channel in list(topic.channels):
-                await self._open_channel(topic.name, channel)
+                await self._open_if_ours(topic.name, channel, nodes)
+        self._seen_nodes = {lane: n.token for lane, n in nodes.items()}
         self.maintenance.start()
         self._pump = asyncio.get_running_loop().create_task(self._run_pump())
+        if self.node is not None:
+            self._watch = asyncio.get_running_loop().create_task(self._run_watch())
         log.info(
             "warehouse %s: %d topics, %d channels",
             self.warehouse.root,
@@ -94,8 +121,18 @@ class Broker:
         self._registry_store = RegistryStore(self.warehouse.registry_path)
         self.maintenance.watch(self.warehouse.registry_path)
         self.registry = Registry.fold(self._registry_store.load())
-        # A delete is committed to the registry before its directories are removed; a crash in
-        # between leaves directories that no registered topic or channel owns.
+        if self.node is None or set(self._directory_fresh()) == {self.node.lane}:
+            self._remove_orphan_directories()
+        for name in self.registry.topics:
+            self._open_writer(name)
+
+    def _directory_fresh(self) -> dict[int, NodeRecord]:
+        return self._directory.fresh() if self._directory is not None else {}
+
+    def _remove_orphan_directories(self) -> None:
+        """A delete is committed to the registry before its directories are removed; a crash
+        in between leaves directories that no registered topic or channel owns. (Only while
+        no other node runs: another's create may be between its event and its table.)"""
         live = {path_segment(name): info for name, info in self.registry.topics.items()}
         for segment in list_dirs(self.warehouse.topics_root):
             if segment not in live:
@@ -109,14 +146,14 @@ class Broker:
             for channel_segment in list_dirs(f"{self.warehouse.channels_root_all}/{segment}"):
                 if channel_segment not in owned:
                     delete_tree(f"{self.warehouse.channels_root_all}/{segment}/{channel_segment}")
-        for name in self.registry.topics:
-            self._open_writer(name)
 
     async def close(self) -> None:
         """Commit everything pending, then stop the writers and the maintenance thread."""
         self._closing = True
         if self._pump is not None:
             self._pump.cancel()
+        if self._watch is not None:
+            self._watch.cancel()
         for runtime in list(self._channels.values()):
             await runtime.close()
         self._channels.clear()
@@ -189,6 +226,7 @@ class Broker:
             writer = self._writers.get(name)
             if writer is not None:
                 return writer
+            await self._refresh_if_moved(name not in self.registry.topics)
             if name not in self.registry.topics:
                 cap = self.settings.max_topics
                 if cap and len(self.registry.topics) >= cap:
@@ -203,6 +241,7 @@ class Broker:
 
     async def delete_topic(self, name: str) -> None:
         async with self._admin:
+            await self._refresh_if_moved(name not in self.registry.topics)
             self.registry.existing_topic(name)
             await self._record(Action.TOPIC_DELETE, name)
             for key in [k for k in self._channels if k[0] == name]:
@@ -213,20 +252,31 @@ class Broker:
                 await asyncio.to_thread(writer.close)
             await asyncio.to_thread(delete_tree, self.warehouse.topic_path(name))
             await asyncio.to_thread(delete_tree, self.warehouse.channels_root(name))
+            if self._ownership is not None:
+                await asyncio.to_thread(self._ownership.forget, name)
 
     async def pause_topic(self, name: str, paused: bool) -> None:
         async with self._admin:
+            await self._refresh_if_moved(name not in self.registry.topics)
             self.registry.existing_topic(name)
             await self._record(Action.TOPIC_PAUSE if paused else Action.TOPIC_UNPAUSE, name)
 
     async def empty_topic(self, name: str) -> None:
         async with self._admin:
+            await self._refresh_if_moved(name not in self.registry.topics)
             self.registry.existing_topic(name)
+            if name not in self._writers:
+                await asyncio.to_thread(self._open_writer, name)
             stats = self._writer_stats(name)
+            version = stats.version
+            if self.node is not None and name in self._writers:
+                # Other nodes commit to the topic too: empty up to the newest version.
+                path = self._writers[name].path
+                version = await asyncio.to_thread(latest_version, path, version)
             await self._record(
                 Action.TOPIC_EMPTY,
                 name,
-                topic_version=stats.version,
+                topic_version=version,
                 topic_messages=stats.message_count,
             )
 
@@ -236,6 +286,8 @@ class Broker:
         """Create ``channel``: it receives every message committed to ``topic`` from now on
         (and, if it is the topic's only channel, what the topic buffered before it)."""
         async with self._admin:
+            known = self.registry.topics.get(topic)
+            await self._refresh_if_moved(known is None or channel not in known.channels)
             info = self.registry.existing_topic(topic)
             if channel in info.channels:
                 return
@@ -245,15 +297,19 @@ class Broker:
                     ErrorCode.E_TOO_MANY_CHANNELS, f"{cap} channels (max_channels_per_topic)"
                 )
             await self._record_at_topic_version(Action.CHANNEL_CREATE, info, channel)
-            await self._open_channel(topic, channel)
+            await self._open_if_ours(topic, channel)
 
     async def delete_channel(self, topic: str, channel: str) -> None:
+        # On the channel's node: only its owner may stop it and remove its tables.
+        await self._runtime(topic, channel)
         async with self._admin:
             self.registry.existing_channel(topic, channel)
             info = self.registry.existing_topic(topic)
             await self._record_at_topic_version(Action.CHANNEL_DELETE, info, channel)
             await self._close_channel(topic, channel)
             await asyncio.to_thread(delete_tree, self.warehouse.channel_root(topic, channel))
+            if self._ownership is not None:
+                await asyncio.to_thread(self._ownership.forget, topic, channel)
 
     async def _record_at_topic_version(self, action: Action, info: TopicInfo, channel: str) -> None:
         """Record a channel event stamped with the topic version, with no topic commit between
@@ -263,11 +319,18 @@ class Broker:
         could be committed after the version was read but before the event, a fanout batch could
         see the message without the channel, and the channel would miss it.
         """
-        writer = self._writers[info.name]
+        # A topic another node created has no writer here until this node uses it.
+        found = self._writers.get(info.name)
+        writer = (
+            found if found is not None else await asyncio.to_thread(self._open_writer, info.name)
+        )
 
         def record() -> RegistryEvent:
             with writer.exclusive():
                 version = writer.stats().version
+                if self.node is not None:
+                    # Other nodes commit to the topic too: from the newest version on.
+                    version = latest_version(writer.path, version)
                 start = version
                 if action is Action.CHANNEL_CREATE:
                     start = self.registry.first_channel_start(info, version)
@@ -282,9 +345,19 @@ class Broker:
                 self._registry_store.append(event)
                 return event
 
-        self.registry.apply(await asyncio.to_thread(record))
+        for _ in range(_REGISTRY_RETRIES):
+            try:
+                event = await asyncio.to_thread(record)
+            except RegistryMovedError:
+                await self._refresh_registry()
+                info = self.registry.existing_topic(info.name)
+                continue
+            self.registry.apply(event)
+            return
+        raise QueueError(ErrorCode.E_COMMIT_FAILED, "the registry kept changing; try again")
 
     async def pause_channel(self, topic: str, channel: str, paused: bool) -> None:
+        await self._runtime(topic, channel)
         async with self._admin:
             self.registry.existing_channel(topic, channel)
             action = Action.CHANNEL_PAUSE if paused else Action.CHANNEL_UNPAUSE
@@ -297,6 +370,7 @@ class Broker:
         self, topic: str, channel: str, *, max_attempts: int | None
     ) -> None:
         """Set the channel's max_attempts (None: back to the settings' default)."""
+        await self._runtime(topic, channel)
         async with self._admin:
             info = self.registry.existing_channel(topic, channel)
             if info.max_attempts != max_attempts:
@@ -315,6 +389,7 @@ class Broker:
         ``retention``; a None value: back to the settings' default). Recorded only if
         something changes."""
         async with self._admin:
+            await self._refresh_if_moved(topic not in self.registry.topics)
             info = self.registry.existing_topic(topic)
             changed = {k: v for k, v in options.items() if getattr(info, k) != v}
             if changed:
@@ -333,19 +408,20 @@ class Broker:
 
     async def redrive(self, topic: str, channel: str, ids: list[str] | None) -> int:
         """Dead letters of the channel (``ids``, or all) become ready with attempts reset."""
-        return await self.channel(topic, channel).redrive(ids)
+        return await (await self._runtime(topic, channel)).redrive(ids)
 
     async def replay(
         self, topic: str, channel: str, start: Bound, end: Bound | None, replay_id: str
     ) -> ReplayResult:
         """Copies of the topic's messages of a range of versions, for ``channel`` only
         (queue_engine.replay); returns once they are committed to the topic."""
-        self.channel(topic, channel)
+        await self._known_channel(topic, channel)
         writer = self._writers.get(topic) or await self._create_topic(topic)
         limit = self.settings.max_replay_messages
         return await asyncio.to_thread(run_replay, writer, channel, start, end, replay_id, limit)
 
     async def empty_channel(self, topic: str, channel: str) -> None:
+        await self._runtime(topic, channel)
         async with self._admin:
             self.registry.existing_channel(topic, channel)
             await self._record(Action.CHANNEL_EMPTY, topic, channel)
@@ -362,22 +438,89 @@ class Broker:
 
     async def open_channel(self, topic: str, channel: str) -> ChannelRuntime:
         """The live channel (nsqd's GetTopic + GetChannel: both are created if needed)."""
+        return await self._runtime(topic, channel, create=True)
+
+    async def channel(self, topic: str, channel: str) -> ChannelRuntime:
+        """The live channel (CHANNEL_NOT_FOUND if it does not exist); nothing is created."""
+        return await self._runtime(topic, channel)
+
+    async def _runtime(self, topic: str, channel: str, *, create: bool = False) -> ChannelRuntime:
+        """The channel's runtime on this node: opened if this node may own it, else
+        ``ChannelElsewhereError`` naming the node that does."""
+        runtime = self._channels.get((topic, channel))
+        if runtime is not None:
+            return runtime
         if self._closing:
             raise QueueError(ErrorCode.EXITING)
-        runtime = self._channels.get((topic, channel))
-        if runtime is None:
+        if create:
             await self.create_topic(topic)
             await self.create_channel(topic, channel)
-            runtime = self._channels[(topic, channel)]
-        return runtime
+        else:
+            await self._known_channel(topic, channel)
+        return await self._adopt(topic, channel)
 
-    def channel(self, topic: str, channel: str) -> ChannelRuntime:
-        """The live channel (CHANNEL_NOT_FOUND if it does not exist); nothing is created."""
+    async def _known_channel(self, topic: str, channel: str) -> None:
+        """CHANNEL_NOT_FOUND unless the channel exists, after reading the registry again if
+        another node may have created it."""
+        info = self.registry.topics.get(topic)
+        if (info is None or channel not in info.channels) and self.node is not None:
+            async with self._admin:
+                await self._refresh_registry()
         self.registry.existing_channel(topic, channel)
-        runtime = self._channels.get((topic, channel))
-        if runtime is None:
-            raise QueueError(ErrorCode.CHANNEL_NOT_FOUND, f"{topic}/{channel}")
-        return runtime
+
+    async def _adopt(self, topic: str, channel: str) -> ChannelRuntime:
+        async with self._admin:
+            runtime = self._channels.get((topic, channel))
+            if runtime is not None:
+                return runtime
+            self.registry.existing_channel(topic, channel)
+            owner = await asyncio.to_thread(self._take_ownership, topic, channel, None)
+            if owner is not None:
+                raise ChannelElsewhereError(owner.http_url)
+            await self._open_channel(topic, channel)
+            return self._channels[(topic, channel)]
+
+    async def _open_if_ours(
+        self, topic: str, channel: str, nodes: dict[int, NodeRecord] | None = None
+    ) -> bool:
+        """Open the channel if no other live node owns it (taking it); False if one does."""
+        owner = await asyncio.to_thread(self._take_ownership, topic, channel, nodes)
+        if owner is not None:
+            self.elsewhere[(topic, channel)] = owner.http_url
+            return False
+        await self._open_channel(topic, channel)
+        return True
+
+    def _take_ownership(
+        self, topic: str, channel: str, nodes: dict[int, NodeRecord] | None
+    ) -> NodeRecord | None:
+        """Own the channel unless another live node does (returned then). ``nodes``: a view of
+        the live nodes to start from (refreshed when the claim names a node it lacks)."""
+        if self.node is None or self._ownership is None or self._directory is None:
+            return None
+        me = self.node.record
+        assert me is not None
+        for _ in range(_REGISTRY_RETRIES):
+            claim = self._ownership.current(topic, channel)
+            if claim is not None and claim.lane is not None:
+                if claim.lane == me.lane and claim.token == me.token:
+                    return None
+                # The live nodes are read after the claim: a node that made the claim joined
+                # before it, so a fresh view names it if it still lives.
+                holder = claim.held_by(nodes if nodes is not None else self._directory.current())
+                if holder is None:
+                    holder = claim.held_by(self._directory.fresh())
+                if holder is not None:
+                    return holder
+            if self._ownership.claim(topic, channel, claim, me):
+                log.info("node %d took channel %s/%s", me.lane, topic, channel)
+                self.elsewhere.pop((topic, channel), None)
+                return None
+        raise QueueError(ErrorCode.INTERNAL_ERROR, f"could not take {topic}/{channel}")
+
+    def live_nodes(self) -> dict[int, NodeRecord]:
+        """The warehouse's live nodes, read now."""
+        return self._directory.fresh() if self._directory is not None else {}
 
     @property
     def closing(self) -> bool:
@@ -394,10 +537,7 @@ class Broker:
         lease_us: int | None = None,
     ) -> None:
         """FIN, REQ or TOUCH the given leases, all or none; durable when this returns."""
-        self.registry.existing_channel(topic, channel)
-        runtime = self._channels.get((topic, channel))
-        if runtime is None:
-            raise QueueError(ErrorCode.CHANNEL_NOT_FOUND, channel)
+        runtime = await self._runtime(topic, channel)
         await runtime.settle(
             kind,
             answers,
@@ -565,7 +705,9 @@ class Broker:
     def _channel_stats(self, topic: str, channel: str, paused: bool) -> ChannelStats:
         runtime = self._channels.get((topic, channel))
         if runtime is None:
-            return ChannelStats(name=channel, paused=paused)
+            return ChannelStats(
+                name=channel, paused=paused, node=self.elsewhere.get((topic, channel))
+            )
         counts = runtime.counts()
         return ChannelStats(
             name=channel,
@@ -584,6 +726,7 @@ class Broker:
             max_attempts=runtime.max_attempts,
             table_version=counts.table_version,
             ledger_version=counts.ledger_version,
+            node=self.node.record.http_url if self.node and self.node.record else None,
         )
 
     # -- internals ------------------------------------------------------------------------
@@ -594,6 +737,7 @@ class Broker:
             self._committed,
             commit_max_bytes=self.settings.commit_max_bytes,
             name=name,
+            id_lane=self.node.lane if self.node is not None else 0,
         )
         self._writers[name] = writer
         self.maintenance.watch(writer.path)
@@ -617,18 +761,108 @@ class Broker:
         topic_messages: int | None = None,
         options: dict[str, Any] | None = None,
     ) -> None:
-        """Commit a registry event, then apply it: memory never runs ahead of the table."""
+        """Commit a registry event, then apply it: memory never runs ahead of the table.
+        With ``_admin`` held. An event that raced another node's is made again after
+        reading the registry (a stale event is harmless: the fold ignores it)."""
         assert self._registry_store is not None, "broker not started"
-        event = self._event(
-            action,
-            topic,
-            channel,
-            topic_version=topic_version,
-            topic_messages=topic_messages,
-            options=options,
-        )
-        await asyncio.to_thread(self._registry_store.append, event)
-        self.registry.apply(event)
+        for _ in range(_REGISTRY_RETRIES):
+            event = self._event(
+                action,
+                topic,
+                channel,
+                topic_version=topic_version,
+                topic_messages=topic_messages,
+                options=options,
+            )
+            try:
+                await asyncio.to_thread(self._registry_store.append, event)
+            except RegistryMovedError:
+                await self._refresh_registry()
+                continue
+            self.registry.apply(event)
+            return
+        raise QueueError(ErrorCode.E_COMMIT_FAILED, "the registry kept changing; try again")
+
+    async def _refresh_if_moved(self, missing: bool) -> None:
+        """With ``_admin`` held, before creating something ``missing`` from the registry:
+        another node may have created it since this one last read the registry."""
+        store = self._registry_store
+        if (
+            missing
+            and self.node is not None
+            and store is not None
+            and await asyncio.to_thread(store.moved)
+        ):
+            await self._refresh_registry()
+
+    async def refresh_registry(self) -> None:
+        """Read the registry events other nodes committed, and follow them."""
+        async with self._admin:
+            await self._refresh_registry()
+
+    async def _refresh_registry(self) -> None:
+        """With ``_admin`` held: fold the registry again and follow what changed."""
+        assert self._registry_store is not None, "broker not started"
+        before = self.registry
+        self.registry = Registry.fold(await asyncio.to_thread(self._registry_store.load))
+        await self._follow(before, self.registry)
+
+    async def _follow(self, before: Registry, after: Registry) -> None:
+        """Another node deleted (or re-created) topics or channels, or changed settings: stop
+        what this node runs of them, and apply the settings to the channels it serves."""
+        for name in list(self._writers):
+            info, old = after.topics.get(name), before.topics.get(name)
+            if info is not None and (old is None or info.created_seq == old.created_seq):
+                continue
+            for key in [k for k in self._channels if k[0] == name]:
+                await self._close_channel(*key)
+                await asyncio.to_thread(delete_tree, self.warehouse.channel_root(*key))
+            writer = self._writers.pop(name)
+            self.maintenance.unwatch(writer.path)
+            await asyncio.to_thread(writer.close)
+        for (topic, channel), runtime in list(self._channels.items()):
+            info = after.topics.get(topic)
+            if info is None or channel not in info.channels:
+                await self._close_channel(topic, channel)
+                await asyncio.to_thread(delete_tree, self.warehouse.channel_root(topic, channel))
+                continue
+            runtime.set_ttl(self._ttl_ms(topic))
+            runtime.set_max_attempts(self._max_attempts(topic, channel))
+            old_topic = before.topics.get(topic)
+            was = old_topic.channels.get(channel) if old_topic is not None else None
+            if was is not None and was.paused and not info.channels[channel].paused:
+                await runtime.wake()
+
+    async def _run_watch(self) -> None:
+        """Every WATCH_INTERVAL_S: follow registry events of other nodes; when a node died
+        (and every few passes, for /stats), look at who owns the channels this node does not
+        serve and take those whose owner is gone."""
+        assert self._registry_store is not None and self._directory is not None
+        passes = 0
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            passes += 1
+            try:
+                if await asyncio.to_thread(self._registry_store.moved):
+                    await self.refresh_registry()
+                nodes = await asyncio.to_thread(self._directory.fresh)
+                seen = {lane: n.token for lane, n in nodes.items()}
+                died = any(seen.get(lane) != token for lane, token in self._seen_nodes.items())
+                self._seen_nodes = seen
+                if died or passes % 10 == 0:
+                    await self._take_over(nodes)
+            except Exception:
+                log.exception("watching the warehouse's nodes failed (retrying)")
+
+    async def _take_over(self, nodes: dict[int, NodeRecord]) -> None:
+        """Open the channels no live node owns; note where the others are served."""
+        for name, info in list(self.registry.topics.items()):
+            for channel in list(info.channels):
+                if (name, channel) in self._channels or self._closing:
+                    continue
+                async with self._admin:
+                    if name in self.registry.topics and channel in info.channels:
+                        await self._open_if_ours(name, channel, nodes)
 
     def _event(
         self,

@@ -63,6 +63,8 @@ class ErrorCode(StrEnum):
     E_UNAUTHORIZED = "E_UNAUTHORIZED"
     # deltaq: the Delta commit carrying the message failed; nothing of it was committed.
     E_COMMIT_FAILED = "E_COMMIT_FAILED"
+    # deltaq: another API node of the warehouse serves the channel (HTTP: a 307 to it).
+    CHANNEL_ELSEWHERE = "CHANNEL_ELSEWHERE"
 
 
 class QueueError(Exception):
@@ -83,3 +85,11 @@ class QueueError(Exception):
         self.failed = failed
         # For E_INVALID: the request parameter that was wrong ("max", "id", "body", ...).
         self.param = param
+
+
+class ChannelElsewhereError(QueueError):
+    """The channel is served by another live node, reached at ``node_url``."""
+
+    def __init__(self, node_url: str) -> None:
+        super().__init__(ErrorCode.CHANNEL_ELSEWHERE, node_url)
+        self.node_url = node_url

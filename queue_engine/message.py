@@ -6,6 +6,8 @@ MESSAGE_ID_HEX_LENGTH = 16
 # As nsqd's GUIDs: milliseconds in the high bits, a counter in the low 22, so ids sort by
 # publish time and a reader can tell when a message was accepted from its id alone.
 SEQUENCE_BITS = 22
+# Id lanes: the low bits of the counter name the API node that allocated the id (IdAllocator).
+LANES = 16
 _MAX_ID = (1 << 63) - 1
 
 
@@ -24,21 +26,32 @@ def id_timestamp_ms(value: int) -> int:
 
 
 class IdAllocator:
-    """Hands out blocks of consecutive ids that never go backwards, even if the clock does.
+    """Hands out blocks of ids that never go backwards, even if the clock does.
 
     ``floor`` is one past the largest id already in the topic table, so ids stay unique across
-    restarts whatever the wall clock says.
+    restarts whatever the wall clock says. Several API nodes append to one topic: each holds
+    a ``lane`` (0..LANES-1) and all of its ids are that lane modulo LANES, so two nodes never
+    hand out the same id however their clocks and commits interleave. A block is therefore
+    ``count`` ids ``LANES`` apart: ``first, first + LANES, ...``.
     """
 
-    def __init__(self, floor: int = 0) -> None:
-        self._next = floor
+    def __init__(self, floor: int = 0, lane: int = 0) -> None:
+        if not 0 <= lane < LANES:
+            raise ValueError(f"id lane must be in 0..{LANES - 1}: {lane}")
+        self.lane = lane
+        self._next = self._in_lane(floor)
+
+    def _in_lane(self, value: int) -> int:
+        """The smallest id of this lane at or above ``value``."""
+        return value + (self.lane - value) % LANES
 
     def allocate(self, count: int, now_ms: int) -> int:
-        """Reserve ``count`` ids; return the first. The block is ``[first, first + count)``."""
-        first = max(self._next, now_ms << SEQUENCE_BITS)
-        if first + count > _MAX_ID:
+        """Reserve ``count`` ids; return the first. The block is
+        ``range(first, first + count * LANES, LANES)``."""
+        first = max(self._next, self._in_lane(now_ms << SEQUENCE_BITS))
+        if first + count * LANES > _MAX_ID:
             raise OverflowError("message id space exhausted")
-        self._next = first + count
+        self._next = first + count * LANES
         return first
 
     @property

@@ -29,6 +29,8 @@ class ChannelStats:
     finish_count: int = 0
     table_version: int = -1
     ledger_version: int = -1
+    # The URL of the node serving the channel (several nodes on one warehouse), if known.
+    node: str | None = None
 
     @property
     def client_count(self) -> int:

@@ -44,14 +44,19 @@ _MAX_COMMIT_RACES = 1000
 # topic_version (channel tables): the restart skips files by its bounds.
 _STAT_COLUMNS = ("id", "topic_version")
 
+# Told the actions of a commit that took the version an append wanted; raises if the append
+# must not go on to the next version.
+CheckWinner = Callable[[list[Any]], None]
+
 
 class Appender(Protocol):
     def append(self, table: pa.Table, txn: Transaction | None = None) -> int:
         """Commit ``table`` as one new version, recording the app transaction ``txn`` in the
         same commit when given; return that version."""
 
-    def reopen(self) -> None:
-        """Start from a fresh view of the table (after a checkpoint or an error)."""
+    def reopen(self, known: int | None = None) -> None:
+        """Start from a fresh view of the table (after a checkpoint or an error); ``known``:
+        the newest version the caller has read, which the next append follows."""
 
     def close(self) -> None:
         """Release what the appender holds (no more appends follow)."""
@@ -64,7 +69,7 @@ class DeltaRsAppender:
         self.path = path
         self._dt = DeltaTable(path)
 
-    def reopen(self) -> None:
+    def reopen(self, known: int | None = None) -> None:
         self._dt = DeltaTable(self.path)
 
     def close(self) -> None:
@@ -95,14 +100,22 @@ class DeltaRsAppender:
 class LocalAppender:
     """Blind appends on a local filesystem: one Parquet file + one put-if-absent log entry."""
 
-    def __init__(self, path: str, version: int | None = None) -> None:
-        """``version``: the table's latest version, when the caller has just loaded it."""
+    def __init__(
+        self, path: str, version: int | None = None, check_winner: CheckWinner | None = None
+    ) -> None:
+        """``version``: the table's latest version, when the caller has just loaded it;
+        ``check_winner``: what a commit that took the version first may be (default: anything
+        but a metadata or protocol change)."""
         self.path = os.path.abspath(path)
+        self._check_winner = check_winner or _refuse_schema_change
         self._log_dir = os.path.join(self.path, "_delta_log")
         self._next_version = (DeltaTable(path).version() if version is None else version) + 1
         self._spares = SpareFiles(self.path)
 
-    def reopen(self) -> None:
+    def reopen(self, known: int | None = None) -> None:
+        if known is not None:
+            self._next_version = known + 1
+            return
         # Probe onwards from the versions known: opening the table would replay its log.
         self._next_version = latest_version(self.path, self._next_version - 1) + 1
 
@@ -123,9 +136,7 @@ class LocalAppender:
         staging = self._spares.take()
         _write_empty_file(staging, entry)
         try:
-            version = put_log_entry(
-                self._log_dir, self._next_version, staging, _refuse_schema_change
-            )
+            version = put_log_entry(self._log_dir, self._next_version, staging, self._check_winner)
         except BaseException:
             os.unlink(staging)
             raise
@@ -164,13 +175,19 @@ class ObjectStoreAppender:
     bounds a topic's commit rate, and a publisher waits for every request of it.
     """
 
-    def __init__(self, path: str, version: int | None = None) -> None:
+    def __init__(
+        self, path: str, version: int | None = None, check_winner: CheckWinner | None = None
+    ) -> None:
         self.path = path.rstrip("/")
+        self._check_winner = check_winner or _refuse_schema_change
         self._store, key = store_and_key(self.path)
         self._prefix = f"{key}/" if key else ""
         self._next_version = (DeltaTable(path).version() if version is None else version) + 1
 
-    def reopen(self) -> None:
+    def reopen(self, known: int | None = None) -> None:
+        if known is not None:
+            self._next_version = known + 1
+            return
         # One listing from the versions known: opening the table would replay its log.
         self._next_version = latest_version(self.path, self._next_version - 1) + 1
 
@@ -195,7 +212,7 @@ class ObjectStoreAppender:
                 obstore.put(self._store, key, entry, mode="create")
             except AlreadyExistsError:
                 winner = bytes(obstore.get(self._store, key).bytes())
-                _refuse_schema_change(
+                self._check_winner(
                     [json.loads(line) for line in winner.splitlines() if line.strip()]
                 )
                 version += 1
@@ -243,6 +260,15 @@ def put_log_entry(
             check_winner([json.loads(line) for line in f if line.strip()])
         version += 1
     raise CommitFailedError(f"no free version in {log_dir}")
+
+
+class VersionTakenError(RuntimeError):
+    """A strict appender's version was taken by another commit (nothing was committed)."""
+
+
+def refuse_any_winner(actions: list[Any]) -> None:
+    """For appends that must land on exactly the version after the one their writer read."""
+    raise VersionTakenError("another commit took the version")
 
 
 def _refuse_schema_change(actions: list[Any]) -> None:
@@ -330,12 +356,16 @@ def append_or_fall_back(
         return fallback, fallback.append(table, txn)
 
 
-def appender_for(path: str, *, allow_fast: bool = True) -> Appender:
+def appender_for(
+    path: str, *, allow_fast: bool = True, check_winner: CheckWinner | None = None
+) -> Appender:
+    """The fastest appender that honours the table at ``path``; ``check_winner`` as for
+    ``LocalAppender`` (delta-rs, where the protocol needs it, retries blind appends itself)."""
     if not allow_fast:
         return DeltaRsAppender(path)
     dt = DeltaTable(path)
     if not blind_appends_honoured(dt):
         return DeltaRsAppender(path)
     if is_remote(path):
-        return ObjectStoreAppender(path, dt.version())
-    return LocalAppender(path, dt.version())
+        return ObjectStoreAppender(path, dt.version(), check_winner)
+    return LocalAppender(path, dt.version(), check_winner)

@@ -11,9 +11,9 @@ _HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 _SHIFTS = np.arange(60, -4, -4, dtype=np.uint64)
 
 
-def hex_id_array(first: int, count: int) -> pa.StringArray:
-    """``count`` consecutive ids starting at ``first``, each as 16 lower-case hex chars."""
-    values = np.arange(first, first + count, dtype=np.uint64)
+def hex_id_array(first: int, count: int, step: int = 1) -> pa.StringArray:
+    """``count`` ids ``step`` apart starting at ``first``, each as 16 lower-case hex chars."""
+    values = np.arange(first, first + count * step, step, dtype=np.uint64)
     nibbles = (values[:, None] >> _SHIFTS) & np.uint64(0xF)
     chars = _HEX_DIGITS[nibbles].reshape(-1)
     offsets = np.arange(

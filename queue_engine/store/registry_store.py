@@ -11,15 +11,31 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from queue_engine.registry import Action, Registry, RegistryEvent
-from queue_engine.store.append import Appender, append_or_fall_back, appender_for
+from queue_engine.store.append import (
+    Appender,
+    VersionTakenError,
+    append_or_fall_back,
+    appender_for,
+    refuse_any_winner,
+)
 from queue_engine.store.commit_log import latest_version
 from queue_engine.store.tables import REGISTRY_SCHEMA, open_or_create
 
 log = logging.getLogger(__name__)
 
 
+class RegistryMovedError(RuntimeError):
+    """Another node committed a registry event since this one last read the registry: read
+    it again (``load``) and decide anew."""
+
+
 class RegistryStore:
-    """Reads all registry events and appends new ones, one commit per event."""
+    """Reads all registry events and appends new ones, one commit per event.
+
+    Several API nodes write one registry. An event's ``seq`` must follow every event its
+    writer folded, so an append lands on exactly the version after the one ``load`` read, or
+    not at all (``RegistryMovedError``): seq order is commit order on every node.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -28,14 +44,23 @@ class RegistryStore:
         # The same appender as the topics' (a local warehouse: one file + a put-if-absent log
         # entry, ~1 ms; delta-rs's append replays a log that grows with every topic created).
         # Checkpoints come from the API's maintenance, which watches this table.
-        self._appender: Appender = appender_for(path)
+        self._appender: Appender = appender_for(path, check_winner=refuse_any_winner)
         self._lock = threading.Lock()
+        self.version = self._dt.version()
+        self._appender.reopen(self.version)
 
     def load(self) -> list[RegistryEvent]:
+        """Every event, as of the newest version (the next append must follow it)."""
         with self._lock:
             self._dt.update_incremental()
+            self.version = self._dt.version()
             table = self._dt.to_pyarrow_table()
+            self._appender.reopen(self.version)
         return events_from_table(table)
+
+    def moved(self) -> bool:
+        """Whether a newer version than the one last read exists (a cheap probe)."""
+        return latest_version(self.path, self.version) > self.version
 
     def append(self, event: RegistryEvent) -> None:
         """Commit ``event``; when this returns, it survives any crash."""
@@ -55,7 +80,10 @@ class RegistryStore:
             schema=REGISTRY_SCHEMA,
         )
         with self._lock:
-            self._appender, _ = append_or_fall_back(self._appender, self.path, row)
+            try:
+                self._appender, self.version = append_or_fall_back(self._appender, self.path, row)
+            except VersionTakenError as exc:
+                raise RegistryMovedError(self.path) from exc
 
     def close(self) -> None:
         self._appender.close()

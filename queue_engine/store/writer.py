@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.transaction import Transaction
 
-from queue_engine.message import IdAllocator, id_from_hex
+from queue_engine.message import LANES, IdAllocator, id_from_hex
 from queue_engine.metrics import TOPIC_COMMIT_SECONDS
 from queue_engine.store.commit_log import messages_added
 from queue_engine.store.group_commit import GroupCommitter, Notify, WriterClosedError
@@ -61,6 +61,7 @@ class TopicWriter(GroupCommitter[_Publish]):
         commit_max_bytes: int,
         fast_appends: bool = True,
         name: str = "",
+        id_lane: int = 0,
     ) -> None:
         dt = open_or_create(path, TOPIC_SCHEMA)
         floor, count = _scan(dt)
@@ -72,7 +73,7 @@ class TopicWriter(GroupCommitter[_Publish]):
             name=name,
             histogram=TOPIC_COMMIT_SECONDS.labels(name) if name else None,
         )
-        self._ids = IdAllocator(floor)
+        self._ids = IdAllocator(floor, id_lane)
         self._version = dt.version()
         self._message_count = count
         # (version, messages in the table through that version), one per commit since open,
@@ -146,7 +147,7 @@ class TopicWriter(GroupCommitter[_Publish]):
             first = self._ids.allocate(count, now // 1_000_000)
             table = pa.Table.from_arrays(
                 [
-                    hex_id_array(first, count),
+                    hex_id_array(first, count, LANES),
                     bodies.cast(pa.binary()),
                     pa.array(np.full(count, now // 1000, dtype=np.int64)).cast(_TS),
                     pa.nulls(count, _TS),
@@ -189,7 +190,7 @@ def _to_arrow(batch: list[_Publish], first_id: int, count: int) -> pa.Table:
     expires = _per_publish([p.expires_at_us for p in batch], per_publish, count)
     return pa.Table.from_arrays(
         [
-            hex_id_array(first_id, count),
+            hex_id_array(first_id, count, LANES),
             bodies,
             pa.array(published, type=_TS),
             deliver,

@@ -191,9 +191,11 @@ def test_commit_max_bytes_splits_batches(tmp_path: Path) -> None:
 
 
 def _batch(n: int, first: int = 0) -> pa.Table:
+    from queue_engine.message import LANES
     from queue_engine.store.writer import _Publish, _to_arrow
 
-    return _to_arrow([_Publish([b"b"] * n, n, now_us(), None)], first, n)
+    # Ids of one lane are LANES apart: the n-th block of ids starts at first * LANES.
+    return _to_arrow([_Publish([b"b"] * n, n, now_us(), None)], first * LANES, n)
 
 
 def test_local_appender_races_with_delta_rs_writers_and_compaction(tmp_path: Path) -> None:
@@ -234,17 +236,17 @@ def test_local_appender_races_with_delta_rs_writers_and_compaction(tmp_path: Pat
 def test_local_appender_output_has_exact_stats(tmp_path: Path) -> None:
     path = str(tmp_path / "t")
     open_or_create(path, TOPIC_SCHEMA)
-    LocalAppender(path).append(_batch(5, 0x10))
+    LocalAppender(path).append(_batch(5, 0x10))  # ids 0x100, 0x110, ... 0x140
     actions = pa.table(DeltaTable(path).get_add_actions(flatten=True)).to_pylist()
     assert len(actions) == 1
     a = actions[0]
     assert a["num_records"] == 5
-    assert (a["min.id"], a["max.id"]) == ("0000000000000010", "0000000000000014")
+    assert (a["min.id"], a["max.id"]) == ("0000000000000100", "0000000000000140")
     # Stats are used for skipping: a filter must see exactly the matching rows.
     import pyarrow.dataset as ds
 
     dataset = DeltaTable(path).to_pyarrow_dataset()
-    assert dataset.to_table(filter=ds.field("id") >= "0000000000000013").num_rows == 2
+    assert dataset.to_table(filter=ds.field("id") >= "0000000000000130").num_rows == 2
 
 
 def test_appenders_record_the_app_transaction_in_the_same_commit(tmp_path: Path) -> None:

@@ -1,0 +1,262 @@
+"""The API nodes serving one warehouse: each holds a lane for its life.
+
+Any number of API processes (up to ``LANES``) may serve one warehouse, as nsqd nodes serve one
+cluster: any node takes publishes for any topic, and each channel is served by the one node
+that owns it (queue_engine.store.ownership). A node's lane is its identity among the live
+nodes: message ids carry it (two nodes never allocate the same id) and a channel's owner is
+recorded as a lane plus the token of the process holding it.
+
+On a local warehouse a lane is an exclusive ``flock`` on ``_deltaq/nodes/<lane>.lock``: the
+kernel drops it when the process ends, however it ends (``kill -9`` included), so a node is
+alive exactly while its lock is held, and another process can tell by trying a shared lock.
+On an object store a lane is a ``StoreLease`` on ``_deltaq/nodes/<lane>.json``: alive while
+renewed; a killed node's lane lapses after ``store_lease_s``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from queue_engine.message import LANES
+from queue_engine.store.object_store import is_remote
+from queue_engine.store.store_lease import StoreLease
+
+log = logging.getLogger(__name__)
+
+NODES_DIR = "_deltaq/nodes"
+
+
+class WarehouseBusyError(RuntimeError):
+    """No lane is free: the warehouse already has as many nodes as it can hold."""
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """What a node publishes about itself in its lane."""
+
+    lane: int
+    token: str
+    # Where clients reach it: ``http://host:port`` (redirects point there).
+    http_url: str
+    tcp_address: str | None
+    pid: int
+    host: str
+    since: float
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "lane": self.lane,
+            "token": self.token,
+            "http_url": self.http_url,
+            "tcp_address": self.tcp_address,
+            "pid": self.pid,
+            "host": self.host,
+            "since": self.since,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> NodeRecord:
+        return cls(
+            lane=int(data["lane"]),
+            token=str(data["token"]),
+            http_url=str(data["http_url"]),
+            tcp_address=data.get("tcp_address"),
+            pid=int(data.get("pid", 0)),
+            host=str(data.get("host", "")),
+            since=float(data.get("since", 0.0)),
+        )
+
+
+def _nodes_root(root: str) -> str:
+    return f"{root.rstrip('/')}/{NODES_DIR}"
+
+
+class Node:
+    """This process's membership: ``join`` takes the lowest free lane; ``leave`` frees it."""
+
+    def __init__(
+        self,
+        root: str,
+        http_url: str,
+        tcp_address: str | None = None,
+        *,
+        lease_s: float = 15.0,
+        on_lost: Callable[[], None] | None = None,
+    ) -> None:
+        self.root = root
+        self._http_url = http_url
+        self._tcp_address = tcp_address
+        self._lease_s = lease_s
+        self._on_lost = on_lost
+        self._fd: int | None = None
+        self._lease: StoreLease | None = None
+        self.record: NodeRecord | None = None
+
+    @property
+    def lane(self) -> int:
+        assert self.record is not None, "node has not joined"
+        return self.record.lane
+
+    @property
+    def token(self) -> str:
+        assert self.record is not None, "node has not joined"
+        return self.record.token
+
+    def join(self) -> NodeRecord:
+        token = uuid.uuid4().hex
+        for lane in range(LANES):
+            record = NodeRecord(
+                lane,
+                token,
+                self._http_url,
+                self._tcp_address,
+                os.getpid(),
+                socket.gethostname(),
+                time.time(),
+            )
+            if self._take(record):
+                self.record = record
+                log.info("warehouse %s: serving as node %d (%s)", self.root, lane, self._http_url)
+                return record
+        raise WarehouseBusyError(
+            f"warehouse {self.root} already has {LANES} deltaq API nodes "
+            f"({describe_nodes(live_nodes(self.root))}); stop one, or use another --warehouse"
+        )
+
+    def _take(self, record: NodeRecord) -> bool:
+        if is_remote(self.root):
+            lease = StoreLease(
+                f"{_nodes_root(self.root)}/{record.lane}.json",
+                record.as_json(),
+                lease_s=self._lease_s,
+                on_lost=self._on_lost,
+            )
+            if not lease.try_acquire():
+                return False
+            self._lease = lease
+            return True
+        directory = _nodes_root(os.path.abspath(self.root))
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(f"{directory}/{record.lane}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record.as_json()).encode(), 0)
+        self._fd = fd
+        return True
+
+    def leave(self) -> None:
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the lock
+            self._fd = None
+
+
+def live_nodes(root: str) -> dict[int, NodeRecord]:
+    """The nodes serving the warehouse now, by lane."""
+    if is_remote(root):
+        return _live_remote(root)
+    directory = _nodes_root(os.path.abspath(root))
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return {}
+    found: dict[int, NodeRecord] = {}
+    for name in names:
+        if not name.endswith(".lock"):
+            continue
+        try:
+            fd = os.open(f"{directory}/{name}", os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                # Held: a live node. Its record was written before it joined.
+                record = _parse(os.pread(fd, 4096, 0))
+                if record is not None:
+                    found[record.lane] = record
+                continue
+            fcntl.flock(fd, fcntl.LOCK_UN)  # free: whoever wrote it is gone
+        finally:
+            os.close(fd)
+    return found
+
+
+def _live_remote(root: str) -> dict[int, NodeRecord]:
+    import obstore
+
+    from queue_engine.store.object_store import read_objects, store_and_key
+
+    store, key = store_and_key(_nodes_root(root))
+    prefix = f"{key}/"
+    urls = [
+        f"{_nodes_root(root)}/{str(meta['path'])[len(prefix) :]}"
+        for chunk in obstore.list(store, prefix=prefix)
+        for meta in chunk
+        if str(meta["path"]).endswith(".json")
+    ]
+    now = time.time()
+    found: dict[int, NodeRecord] = {}
+    for raw in read_objects(urls):
+        if raw is None:
+            continue
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            continue
+        record = _parse(raw)
+        if record is not None and float(data.get("expires_at", 0)) > now:
+            found[record.lane] = record
+    return found
+
+
+def _parse(raw: bytes) -> NodeRecord | None:
+    try:
+        return NodeRecord.from_json(json.loads(raw or b"{}"))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def describe_nodes(nodes: dict[int, NodeRecord]) -> str:
+    return ", ".join(f"{n.http_url} (pid {n.pid} on {n.host})" for n in nodes.values())
+
+
+class NodeDirectory:
+    """``live_nodes`` read at most every ``max_age_s`` (a redirect or /stats may use a view
+    that old); decisions that hand a channel over read it fresh (``fresh``)."""
+
+    def __init__(self, root: str, max_age_s: float = 1.0) -> None:
+        self.root = root
+        self.max_age_s = max_age_s
+        self._nodes: dict[int, NodeRecord] = {}
+        self._read_at = -1e9
+        self._lock = threading.Lock()
+
+    def fresh(self) -> dict[int, NodeRecord]:
+        nodes = live_nodes(self.root)
+        with self._lock:
+            self._nodes, self._read_at = nodes, time.monotonic()
+        return nodes
+
+    def current(self) -> dict[int, NodeRecord]:
+        with self._lock:
+            if time.monotonic() - self._read_at < self.max_age_s:
+                return self._nodes
+        return self.fresh()

@@ -1,0 +1,163 @@
+"""Which node serves a channel: numbered claims, each created put-if-absent.
+
+A channel's memory is the fold of its ledger and only one writer may fold it, so exactly one
+node serves a channel at a time: its owner. Ownership is a sequence of claim objects under
+``_deltaq/owners/<topic>/<channel>/``, named by a number; the newest names the owner (its lane
+and the token of the process that held the lane then), or nobody (a release). A node takes a
+channel by creating claim ``n + 1`` put-if-absent after reading claim ``n``: of two nodes
+taking the same channel one wins. It may do so only when claim ``n`` names nobody or a node
+that is no longer live (its lane is free, or held by another process): the owner keeps a
+channel for as long as it lives, so it never needs renewing — the node's lane is the lease.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from queue_engine.names import path_segment
+from queue_engine.store.nodes import NodeRecord
+from queue_engine.store.object_store import is_remote
+from queue_engine.store.put_if_absent import move_if_absent
+from queue_engine.store.tables import delete_tree
+
+OWNERS_DIR = "_deltaq/owners"
+# Older claims than this many are removed after a successful claim.
+_KEEP = 4
+
+
+@dataclass(frozen=True)
+class Claim:
+    seq: int
+    lane: int | None
+    token: str | None
+    http_url: str | None
+
+    def held_by(self, nodes: dict[int, NodeRecord]) -> NodeRecord | None:
+        """The live node this claim names, if it still lives."""
+        if self.lane is None:
+            return None
+        node = nodes.get(self.lane)
+        return node if node is not None and node.token == self.token else None
+
+
+class Ownership:
+    """Claims of the channels of one warehouse."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root.rstrip("/") if is_remote(root) else os.path.abspath(root)
+        self._remote = is_remote(root)
+
+    def _dir(self, topic: str, channel: str) -> str:
+        return f"{self.root}/{OWNERS_DIR}/{path_segment(topic)}/{path_segment(channel)}"
+
+    def current(self, topic: str, channel: str) -> Claim | None:
+        """The newest claim of the channel (None: never claimed)."""
+        seqs = self._seqs(topic, channel)
+        if not seqs:
+            return None
+        raw = self._read(f"{self._dir(topic, channel)}/{seqs[-1]:010d}.json")
+        if raw is None:  # pruned between the listing and the read: a newer one exists
+            return self.current(topic, channel)
+        data = json.loads(raw)
+        return Claim(seqs[-1], data.get("lane"), data.get("token"), data.get("http_url"))
+
+    def claim(self, topic: str, channel: str, after: Claim | None, node: NodeRecord | None) -> bool:
+        """Create the claim following ``after`` naming ``node`` (None: a release); False if
+        another claim took that number first."""
+        seq = 0 if after is None else after.seq + 1
+        body: dict[str, Any] = {
+            "lane": None if node is None else node.lane,
+            "token": None if node is None else node.token,
+            "http_url": None if node is None else node.http_url,
+            "at": time.time(),
+        }
+        data = json.dumps(body).encode()
+        target = f"{self._dir(topic, channel)}/{seq:010d}.json"
+        if not self._create(target, data):
+            return False
+        # A reader that stalled could create a number already pruned: then it is not newest.
+        newest = self._seqs(topic, channel)
+        if newest and newest[-1] != seq:
+            return False
+        for old in self._seqs(topic, channel)[:-_KEEP]:
+            self._delete(f"{self._dir(topic, channel)}/{old:010d}.json")
+        return True
+
+    def forget(self, topic: str, channel: str | None = None) -> None:
+        """Remove the claims of a deleted channel (or of every channel of a deleted topic)."""
+        base = f"{self.root}/{OWNERS_DIR}/{path_segment(topic)}"
+        delete_tree(base if channel is None else f"{base}/{path_segment(channel)}")
+
+    # -- storage ---------------------------------------------------------------------------
+
+    def _seqs(self, topic: str, channel: str) -> list[int]:
+        directory = self._dir(topic, channel)
+        if self._remote:
+            import obstore
+
+            from queue_engine.store.object_store import store_and_key
+
+            store, key = store_and_key(directory)
+            names = [
+                str(meta["path"]).rsplit("/", 1)[-1]
+                for chunk in obstore.list(store, prefix=f"{key}/")
+                for meta in chunk
+            ]
+        else:
+            try:
+                names = os.listdir(directory)
+            except FileNotFoundError:
+                return []
+        return sorted(int(n[:10]) for n in names if len(n) == 15 and n.endswith(".json"))
+
+    def _read(self, path: str) -> bytes | None:
+        if self._remote:
+            from queue_engine.store.object_store import read_object
+
+            return read_object(path)
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def _create(self, path: str, data: bytes) -> bool:
+        if self._remote:
+            import obstore
+            from obstore.exceptions import AlreadyExistsError, PreconditionError
+
+            from queue_engine.store.object_store import store_and_key
+
+            store, key = store_and_key(path)
+            try:
+                obstore.put(store, key, data, mode="create")
+            except (AlreadyExistsError, PreconditionError):
+                return False
+            return True
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        staging = f"{directory}/.{uuid.uuid4().hex}.tmp"
+        with open(staging, "wb") as f:
+            f.write(data)
+        if move_if_absent(staging, path):
+            return True
+        os.unlink(staging)
+        return False
+
+    def _delete(self, path: str) -> None:
+        if self._remote:
+            import obstore
+
+            from queue_engine.store.object_store import store_and_key
+
+            store, key = store_and_key(path)
+            obstore.delete(store, key)
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)

@@ -1,0 +1,259 @@
+"""Several API processes on one warehouse: each joins as a node. Any node takes publishes for
+any topic; each channel is served by one node, the others redirect to it (307); when that
+node dies (kill -9) another takes the channel over from its ledger, and nothing acknowledged
+is lost, nothing FIN'd comes back, the fanout stays exactly once. On an object store the same
+holds, a dead node's lane lapsing after ``store_lease_s``."""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pyarrow.compute as pc
+import pytest
+from deltalake import DeltaTable
+
+from queue_engine.message import LANES
+from queue_engine.store.tables import Warehouse
+from tests.acceptance.conftest import BUCKET
+from tests.conftest import HOST, ROOT, Server, free_port
+from tests.s3 import S3Server, store_env
+
+TOPIC, CHANNEL = "work", "workers"
+PER_PUBLISHER = 150
+# Unfinished leases of a killed node come back after this (the consumers ask for it).
+MSG_TIMEOUT_MS = 2000
+
+
+def _api(warehouse: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``deltaq api`` on ``warehouse``, to its end (a refused start ends at once)."""
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "deltaq", "api", "--warehouse", warehouse),
+            *("--host", HOST, "--port", str(free_port()), "--tcp-port", "0"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def _stats_channel(url: str, topic: str = TOPIC) -> dict[str, object]:
+    stats = httpx.get(f"{url}/stats", params={"format": "json", "topic": topic}).json()
+    [channel] = stats["topics"][0]["channels"]
+    assert isinstance(channel, dict)
+    return channel
+
+
+class Traffic:
+    """Publishers spread over the nodes and consumers on all of them, until every
+    acknowledged message is FIN'd (or the deadline); what each saw, for the invariants."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+        self.acked: set[str] = set()
+        self.finned: Counter[str] = Counter()
+        self.publishing = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+
+    def publish(self, index: int) -> None:
+        with httpx.Client(timeout=10) as client:
+            for i in range(PER_PUBLISHER):
+                body = f"p{index}-{i}"
+                for attempt in range(len(self.urls) * 4):
+                    url = self.urls[(index + attempt) % len(self.urls)]
+                    try:
+                        r = client.post(f"{url}/pub", params={"topic": TOPIC}, content=body)
+                    except httpx.TransportError:
+                        time.sleep(0.1)
+                        continue  # that node is gone: publish to the next
+                    if r.status_code == 200:
+                        with self.lock:
+                            self.acked.add(body)
+                        break
+        with self.lock:
+            self.publishing -= 1
+
+    def consume(self, index: int) -> None:
+        params = {"topic": TOPIC, "channel": CHANNEL, "max": 20, "wait_ms": 500}
+        params["msg_timeout_ms"] = MSG_TIMEOUT_MS
+        turn = index
+        with httpx.Client(timeout=10, follow_redirects=True) as client:
+            while not self.stop.is_set():
+                url = self.urls[turn % len(self.urls)]
+                try:
+                    r = client.get(
+                        f"{url}/sub", params={**params, "msg_timeout_ms": MSG_TIMEOUT_MS}
+                    )
+                    if r.status_code != 200:
+                        raise httpx.TransportError(r.text)
+                    messages = r.json()["messages"]
+                    if not messages:
+                        continue
+                    # FIN at the node that answered (the redirect's target).
+                    owner = f"{r.url.scheme}://{r.url.host}:{r.url.port}"
+                    lines = "".join(f"{m['id']} {m['lease']}\n" for m in messages)
+                    fin = client.post(
+                        f"{owner}/fin", params={"topic": TOPIC, "channel": CHANNEL}, content=lines
+                    )
+                except httpx.TransportError:
+                    turn += 1  # the node (or the owner it pointed to) is gone: ask the next
+                    time.sleep(0.2)
+                    continue
+                if fin.status_code == 200:
+                    with self.lock:
+                        self.finned.update(base64.b64decode(m["body"]).decode() for m in messages)
+
+    def done(self) -> bool:
+        with self.lock:
+            return self.publishing == 0 and self.acked <= set(self.finned)
+
+
+@pytest.fixture
+def three_nodes(
+    server_factory: type[Server], warehouse: Path, fanout: None
+) -> Iterator[list[Server]]:
+    env = {"DELTAQ_MSG_TIMEOUT_MS": str(MSG_TIMEOUT_MS)}
+    nodes = [server_factory(warehouse, env=env).start() for _ in range(3)]
+    yield nodes
+
+
+def test_three_nodes_one_warehouse_kill9_of_a_channel_owner(
+    three_nodes: list[Server], warehouse: Path
+) -> None:
+    a, b, c = three_nodes
+    urls = [a.url, b.url, c.url]
+    # The channel is created on B: B serves it, the others send its consumers there.
+    assert httpx.post(f"{a.url}/topic/create", params={"topic": TOPIC}).is_success
+    created = httpx.post(f"{b.url}/channel/create", params={"topic": TOPIC, "channel": CHANNEL})
+    assert created.is_success
+    owner = b  # the node that created the channel took it
+    redirect = httpx.get(f"{c.url}/sub", params={"topic": TOPIC, "channel": CHANNEL, "wait_ms": 0})
+    assert redirect.status_code == 307
+    assert redirect.headers["location"].startswith(f"{owner.url}/sub?")
+    assert redirect.json() == {"message": "CHANNEL_ELSEWHERE", "node": owner.url}
+    info = httpx.get(f"{a.url}/info").json()
+    assert sorted(n["http_url"] for n in info["nodes"]) == sorted(urls)
+
+    traffic = Traffic(urls)
+    workers = [threading.Thread(target=traffic.publish, args=(i,)) for i in range(3)]
+    traffic.publishing = len(workers)
+    workers += [threading.Thread(target=traffic.consume, args=(i,)) for i in range(3)]
+    for w in workers:
+        w.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(traffic.finned) < PER_PUBLISHER and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(traffic.finned) >= PER_PUBLISHER, "consumers made no progress"
+        owner.kill9()  # the owner of a busy channel, mid-load
+        deadline = time.monotonic() + 90
+        while not traffic.done() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        traffic.stop.set()
+        for w in workers:
+            w.join(30)
+
+    lost = traffic.acked - set(traffic.finned)
+    assert not lost, f"{len(lost)} acknowledged messages never FIN'd, e.g. {sorted(lost)[:5]}"
+    twice = {body: n for body, n in traffic.finned.items() if n > 1}
+    assert not twice, f"FIN'd twice: {twice}"
+    assert len(traffic.acked) >= 2 * PER_PUBLISHER
+
+    # One survivor serves the channel now, and both say which.
+    survivors = [s for s in three_nodes if s is not owner]
+    served = {str(_stats_channel(s.url)["node"]) for s in survivors}
+    assert len(served) == 1 and served <= {s.url for s in survivors}, served
+    [taker] = [s for s in survivors if s.url in served]
+    assert f"took channel {TOPIC}/{CHANNEL}" in taker.log()
+
+    wh = Warehouse(str(warehouse))
+    ids = DeltaTable(wh.topic_path(TOPIC)).to_pyarrow_table(columns=["id"])["id"].to_pylist()
+    assert len(ids) == len(set(ids)), "a message id was allocated twice"
+    lanes = {int(i, 16) % LANES for i in ids}
+    assert len(lanes) == 3, lanes  # every node published, each in its own lane
+    rows = DeltaTable(wh.channel_messages_path(TOPIC, CHANNEL)).to_pyarrow_table(columns=["id"])
+    assert rows.num_rows == len(ids) == pc.count_distinct(rows["id"]).as_py()
+
+
+def test_a_second_api_joins_and_one_beyond_the_lanes_is_refused(
+    server_factory: type[Server], tmp_path: Path
+) -> None:
+    warehouse = tmp_path / "wh"
+    first = server_factory(warehouse).start()
+    second = server_factory(warehouse).start()
+    assert httpx.post(f"{first.url}/pub?topic=t", content=b"one").text == "OK"
+    assert httpx.post(f"{second.url}/pub?topic=t", content=b"two").text == "OK"
+    httpx.post(f"{second.url}/topic/create?topic=t").raise_for_status()
+    lanes = {httpx.get(f"{s.url}/info").json()["node"]["lane"] for s in (first, second)}
+    assert lanes == {0, 1}
+    httpx.post(f"{first.url}/channel/create?topic=t&channel=c").raise_for_status()
+    # A consumer of the second follows the redirect to the first.
+    r = httpx.get(f"{second.url}/sub?topic=t&channel=c&max=10&wait_ms=0", follow_redirects=True)
+    assert r.status_code == 200 and str(r.url).startswith(first.url)
+
+    # Every lane held (here by this test, as nodes would hold them): the next API refuses.
+    first.stop()
+    second.stop()
+    directory = warehouse / "_deltaq" / "nodes"
+    held = []
+    for lane in range(LANES):
+        fd = os.open(directory / f"{lane}.lock", os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.pwrite(
+            fd,
+            b'{"lane": %d, "token": "x", "http_url": "http://elsewhere", "pid": 7, '
+            b'"host": "h"}' % lane,
+            0,
+        )
+        held.append(fd)
+    try:
+        refused = _api(str(warehouse))
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert refused.returncode == 1
+    [line] = refused.stderr.strip().splitlines()
+    assert line.startswith(f"deltaq api: error: warehouse {warehouse} already has {LANES} ")
+    assert "http://elsewhere (pid 7 on h)" in line
+
+
+def test_on_an_object_store_a_dead_nodes_channel_moves_once_its_lane_lapses(
+    server_factory: type[Server], tmp_path: Path, s3_server: S3Server
+) -> None:
+    root = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
+    env = {**store_env(s3_server.endpoint), "DELTAQ_STORE_LEASE_S": "3"}
+    first = server_factory(tmp_path / "first", env=env, warehouse_url=root).start()
+    second = server_factory(tmp_path / "second", env=env, warehouse_url=root).start()
+    httpx.post(f"{first.url}/topic/create?topic=t").raise_for_status()
+    httpx.post(f"{first.url}/channel/create?topic=t&channel=c").raise_for_status()
+    r = httpx.get(f"{second.url}/sub?topic=t&channel=c&wait_ms=0")
+    assert r.status_code == 307 and r.json()["node"] == first.url
+
+    first.kill9()
+    # Until the lane lapses the second still points at the first; then it takes the channel.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        r = httpx.get(f"{second.url}/sub?topic=t&channel=c&wait_ms=0")
+        if r.status_code == 200:
+            break
+        assert r.status_code == 307
+        time.sleep(0.5)
+    assert r.status_code == 200, r.text
+    assert _stats_channel(second.url, "t")["node"] == second.url
+    assert "took channel t/c" in second.log()
