@@ -114,16 +114,19 @@ class Node:
 
     def join(self) -> NodeRecord:
         token = uuid.uuid4().hex
-        for lane in range(LANES):
-            record = NodeRecord(
-                lane,
-                token,
-                self._http_url,
-                self._tcp_address,
-                os.getpid(),
-                socket.gethostname(),
-                time.time(),
-            )
+        lanes = list(range(LANES))
+        if is_remote(self.root):
+            # A live lane with this node's own address is this node before a restart (after
+            # a kill -9 its lease has not lapsed yet): wait for it and take that lane, so the
+            # channels it owned are this node's again rather than stranded until it lapses.
+            own = [n.lane for n in live_nodes(self.root).values() if n.http_url == self._http_url]
+            if own:
+                self._wait_for_lane(own[0], token)
+                if self.record is not None:
+                    return self.record
+                lanes.remove(own[0])
+        for lane in lanes:
+            record = self._record(lane, token)
             if self._take(record):
                 self.record = record
                 log.info("warehouse %s: serving as node %d (%s)", self.root, lane, self._http_url)
@@ -131,6 +134,38 @@ class Node:
         raise WarehouseBusyError(
             f"warehouse {self.root} already has {LANES} deltaq API nodes "
             f"({describe_nodes(live_nodes(self.root))}); stop one, or use another --warehouse"
+        )
+
+    def _record(self, lane: int, token: str) -> NodeRecord:
+        return NodeRecord(
+            lane,
+            token,
+            self._http_url,
+            self._tcp_address,
+            os.getpid(),
+            socket.gethostname(),
+            time.time(),
+        )
+
+    def _wait_for_lane(self, lane: int, token: str) -> None:
+        log.info(
+            "warehouse %s: waiting up to %.0f s for the lane of this node's previous process "
+            "(%s) to lapse",
+            self.root,
+            self._lease_s,
+            self._http_url,
+        )
+        deadline = time.monotonic() + self._lease_s + 5
+        while time.monotonic() < deadline:
+            record = self._record(lane, token)
+            if self._take(record):
+                self.record = record
+                log.info("warehouse %s: serving as node %d (%s)", self.root, lane, self._http_url)
+                return
+            time.sleep(0.5)
+        raise WarehouseBusyError(
+            f"warehouse {self.root} is already served by a live node at {self._http_url}: "
+            "stop it, or give this one another address (--port, --broadcast-address)"
         )
 
     def _take(self, record: NodeRecord) -> bool:

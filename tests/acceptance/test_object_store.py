@@ -52,8 +52,11 @@ class Site:
         options = storage_options(self.env) or None
         return DeltaTable(path, storage_options=options).to_pyarrow_table()
 
-    def server(self, **env: str) -> Server:
-        return Server(self.workdir / "wh", env={**self.env, **env}, warehouse_url=self.root).start()
+    def server(self, port: int = 0, **env: str) -> Server:
+        """An API on the site; ``port``: restart a node where it was (its own address)."""
+        return Server(
+            self.workdir / "wh", env={**self.env, **env}, warehouse_url=self.root, port=port
+        ).start()
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         return deltaq(self.env, *args, "--warehouse", self.root)
@@ -158,8 +161,9 @@ def test_restarts_and_kill_9_lose_nothing_acknowledged(site: Site) -> None:
     server.kill9()
 
     # A restarted API knows the 4 FINs and the 6 leases it had handed out (they come back when
-    # their time is up); what was acknowledged before kill -9 is all there.
-    server = site.server()
+    # their time is up); what was acknowledged before kill -9 is all there. (Restarted at its
+    # address: on the store it takes back its own lane, and with it the channel, at once.)
+    server = site.server(server.port)
     with httpx.Client(base_url=server.url, timeout=30) as c:
         stats = channel_stats(c, "events", "worker")
         assert (stats["depth"], stats["in_flight_count"]) == (30, 6)
@@ -169,7 +173,7 @@ def test_restarts_and_kill_9_lose_nothing_acknowledged(site: Site) -> None:
     topic_rows = site.table(wh.topic_path("events"))
     assert sorted(topic_rows.column("body").to_pylist()) == sorted(sent)
     site.fanout_once()
-    server = site.server()
+    server = site.server(server.port)
     with httpx.Client(base_url=server.url, timeout=30) as c:
         rest = take(c, "events", "worker", 70, msg_timeout_ms=60_000)
         fin_ids = {m["id"] for m in leased[:4]}
