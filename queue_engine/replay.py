@@ -21,6 +21,8 @@ of them, the replay is refused (``RANGE_REMOVED``) rather than delivering part o
 from __future__ import annotations
 
 import bisect
+import functools
+import operator
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -31,7 +33,8 @@ from deltalake import DeltaTable
 
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.fanout import for_channel
-from queue_engine.store.commit_log import added_files, commit_info, latest_version
+from queue_engine.message import LANES
+from queue_engine.store.commit_log import AddedFile, added_files, commit_info, latest_version
 from queue_engine.store.writer import TopicWriter
 
 REPLAY_APP_PREFIX = "deltaq-replay"
@@ -123,16 +126,10 @@ def read_range(path: str, channel: str, first: int, last: int, limit: int) -> Re
             f"max_replay_messages ({limit}): replay a narrower range",
         )
     empty = ReplayRows(first, last, pa.array([], pa.string()), pa.array([], pa.binary()))
-    lows = [f.min_id for f in files if f.min_id is not None]
-    highs = [f.max_id for f in files if f.max_id is not None]
-    if expected == 0 or not lows or not highs:
+    if expected == 0 or not any(f.min_id and f.max_id for f in files):
         return empty
-    low, high = min(lows), max(highs)
     dataset = DeltaTable(path).to_pyarrow_dataset()
-    rows = dataset.to_table(
-        columns=["id", "body", "to_channel"],
-        filter=(pc.field("id") >= low) & (pc.field("id") <= high),
-    )
+    rows = dataset.to_table(columns=["id", "body", "to_channel"], filter=_id_filter(files))
     if rows.num_rows < expected:
         raise QueueError(
             ErrorCode.RANGE_REMOVED,
@@ -141,6 +138,33 @@ def read_range(path: str, channel: str, first: int, last: int, limit: int) -> Re
         )
     rows = rows.filter(for_channel(rows["to_channel"], channel)).sort_by("id")
     return ReplayRows(first, last, rows["id"].combine_chunks(), rows["body"].combine_chunks())
+
+
+def _id_filter(files: list[AddedFile]) -> pc.Expression:
+    """The rows of ``files``, found by id in the current snapshot (compaction rewrites files).
+
+    Several nodes append to a topic, each with ids of its own lane (the id's last hex digit,
+    queue_engine.message.IdAllocator), increasing with that node's commits: the rows the range
+    added are, per lane, the ids of that lane between the smallest and largest its files hold.
+    A file whose ids are not one block of a lane predates lanes (one writer then, ids
+    consecutive): its plain id range is exact.
+    """
+    bounds: dict[str | None, tuple[str, str]] = {}
+    for f in files:
+        if f.min_id is None or f.max_id is None:
+            continue
+        # One commit of one node is one block of its lane: ids exactly LANES apart.
+        span = int(f.max_id, 16) - int(f.min_id, 16)
+        lane = f.min_id[-1] if span == (int(f.num_records or 1) - 1) * LANES else None
+        low, high = bounds.get(lane, (f.min_id, f.max_id))
+        bounds[lane] = (min(low, f.min_id), max(high, f.max_id))
+    parts = []
+    for lane, (low, high) in bounds.items():
+        part = (pc.field("id") >= low) & (pc.field("id") <= high)
+        if lane is not None:
+            part &= pc.ends_with(pc.field("id"), lane)
+        parts.append(part)
+    return functools.reduce(operator.or_, parts)
 
 
 def _commit_ms(path: str, version: int) -> int | None:
@@ -181,7 +205,10 @@ def run_replay(
     limit: int,
 ) -> ReplayResult:
     """Copy the range's rows for ``channel`` into the topic (blocking; one commit or none)."""
-    first, last = resolve(writer.path, start, end, writer.stats().version)
+    # Other nodes commit to the topic too: the newest version is the log's, not this writer's.
+    first, last = resolve(
+        writer.path, start, end, latest_version(writer.path, writer.stats().version)
+    )
     rows = read_range(writer.path, channel, first, last, limit)
     if len(rows.ids) == 0:
         return ReplayResult(replay_id, first, last, 0, False)

@@ -102,6 +102,47 @@ def test_a_replay_copies_a_range_once_per_id_for_its_channel_only(tmp_path: Path
     }
 
 
+def test_a_range_written_by_several_nodes_is_exactly_its_versions_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two nodes append to one topic, each with ids of its own lane; the clock of one runs an
+    hour ahead, so their commits interleave while their ids do not follow the versions: a
+    replay of some versions copies exactly those versions' rows, none of the other node's."""
+    import queue_engine.store.writer as writer_module
+
+    class _Clock:
+        skew_ns = 0
+
+        def time_ns(self) -> int:
+            return time.time_ns() + self.skew_ns
+
+    clock = _Clock()
+    monkeypatch.setattr(writer_module, "time", clock)
+    done = _Done()
+    path = str(tmp_path / "topic")
+    writers = [TopicWriter(path, done, commit_max_bytes=1 << 20, id_lane=lane) for lane in (0, 1)]
+    by_version: dict[int, list[bytes]] = {}
+    for i in range(8):
+        writer = writers[i % 2]
+        bodies = [f"v{i}-{k}".encode() for k in range(3)]
+        clock.skew_ns = 3600 * 10**9 if i % 2 == 0 else 0
+        writer.submit_publish(bodies, time.time_ns() // 1000, None, i)
+        done.wait(i + 1)
+        by_version[writer.stats().version] = bodies
+    versions = sorted(by_version)
+    first, last = versions[2], versions[5]
+    ids = [r["id"] for r in _rows(writers[0])]
+    assert len(set(ids)) == 24 and {int(i, 16) % 16 for i in ids} == {0, 1}
+
+    clock.skew_ns = 0
+    result = run_replay(writers[1], "a", ("version", first), ("version", last), "mixed", 1000)
+    assert result.messages == 12
+    copied = sorted(r["body"] for r in _rows(writers[0]) if r["replay_of"] is not None)
+    assert copied == sorted(b for v in versions[2:6] for b in by_version[v])
+    for writer in writers:
+        writer.close()
+
+
 def test_a_range_by_time_is_the_versions_committed_then(tmp_path: Path) -> None:
     writer, versions = _topic(tmp_path, [b"early", b"mid1", b"mid2", b"late"])
     # The times the log recorded for mid1's and mid2's commits bound the range exactly.
