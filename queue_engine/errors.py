@@ -88,8 +88,10 @@ class QueueError(Exception):
 
 
 class ChannelElsewhereError(QueueError):
-    """The channel is served by another live node, reached at ``node_url``."""
+    """The channel is served by another live node, reached at ``node_url`` (HTTP) and
+    ``tcp_address`` (nsqd's TCP protocol, if that node speaks it)."""
 
-    def __init__(self, node_url: str) -> None:
+    def __init__(self, node_url: str, tcp_address: str | None = None) -> None:
         super().__init__(ErrorCode.CHANNEL_ELSEWHERE, node_url)
         self.node_url = node_url
+        self.tcp_address = tcp_address
