@@ -94,6 +94,7 @@ async def page() -> FileResponse:
 async def overview(request: Request) -> Response:
     broker = broker_of(request)
     history = _history(request)
+    here = broker.node.record.http_url if broker.node and broker.node.record else None
     topics = []
     for t in broker.stats():
         channels = [
@@ -111,6 +112,8 @@ async def overview(request: Request) -> Response:
                 "table_version": c.table_version,
                 "ledger_version": c.ledger_version,
                 "fanout_lag_versions": max(0, t.version - c.fanned_topic_version),
+                # Another node serves the channel (its figures are there): its URL.
+                "elsewhere": c.node if c.node and c.node != here else None,
                 **history.latest_rates(t.name, c.name),
             }
             for c in t.channels

@@ -476,6 +476,7 @@ class Broker:
             self.registry.existing_channel(topic, channel)
             owner = await asyncio.to_thread(self._take_ownership, topic, channel, None)
             if owner is not None:
+                self.elsewhere[(topic, channel)] = owner.http_url
                 raise ChannelElsewhereError(owner.http_url, owner.tcp_address)
             await self._open_channel(topic, channel)
             return self._channels[(topic, channel)]

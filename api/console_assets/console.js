@@ -122,7 +122,9 @@ function render(overview) {
       cell(crow, fmt(c.clients));
       cell(crow, "");
       cell(crow, fmt(c.fin_rate, 1), "fin-rate");
-      cell(crow, `table v${c.table_version}, ledger v${c.ledger_version}, lag ${c.fanout_lag_versions}`);
+      cell(crow, c.elsewhere
+        ? `served by ${c.elsewhere}`
+        : `table v${c.table_version}, ledger v${c.ledger_version}, lag ${c.fanout_lag_versions}`);
       cell(crow, fmt(c.ledger_commit_rate, 1));
       actions(cell(crow, "", "actions"), "channel", { topic: t.name, channel: c.name }, c.paused);
     }

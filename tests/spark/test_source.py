@@ -14,6 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from queue_engine.message import LANES
 from queue_engine.spark.fanout_stream import channel_format_for
 from queue_engine.spark.session import Engine, engine, read_format
 from queue_engine.store.append import LocalAppender
@@ -23,6 +24,7 @@ from queue_engine.store.writer import _Publish, _to_arrow
 
 
 def batch(n: int, first: int, body: bytes = b"b") -> pa.Table:
+    """``n`` messages, the ``first``-th to the ``first + n - 1``-th of lane 0 (ids LANES apart)."""
     return _to_arrow(
         [
             _Publish(
@@ -32,7 +34,7 @@ def batch(n: int, first: int, body: bytes = b"b") -> pa.Table:
                 None,
             )
         ],
-        first,
+        first * LANES,
         n,
     )
 
@@ -85,7 +87,7 @@ def test_batch_read_equals_delta_rs(spark: SparkSession, tmp_path: Path) -> None
 def test_filter_pushdown_gives_exact_rows(spark: SparkSession, tmp_path: Path) -> None:
     path = tmp_path / "t"
     make_topic(path, commits=10)
-    cut = "0000000000000011"
+    cut = f"{0x11 * LANES:016x}"  # the 18th message on
     df = spark.read.format("deltaq").load(str(path)).where(F.col("id") >= cut)
     direct = DeltaTable(str(path)).to_pyarrow_dataset().to_table(filter=ds.field("id") >= cut)
     assert direct.num_rows == 13
@@ -154,7 +156,7 @@ def test_stream_reads_only_new_rows_through_compaction_and_checkpoints(
         appender.append(batch(3, i * 3))
     DeltaTable(str(path)).optimize.compact()
     second = _stream_collect(spark, path, checkpoint)
-    assert sorted(second) == [f"{i:016x}" for i in range(30, 45)]
+    assert sorted(second) == [f"{i * LANES:016x}" for i in range(30, 45)]
     assert len(set(first) | set(second)) == 45
     assert _stream_collect(spark, path, checkpoint) == []
 
