@@ -14,6 +14,7 @@ from fastapi import APIRouter, Query, Request, Response
 from api.responses import NSQ_HEADER, TEXT_TYPE, ok_json
 from api.state import broker_of
 from queue_engine import NSQD_VERSION, __version__
+from queue_engine.broker import Broker
 from queue_engine.channel import ConsumerSeen
 from queue_engine.stats import TopicStats
 
@@ -47,18 +48,26 @@ async def info(request: Request) -> Response:
         "warehouse": broker.settings.warehouse,
         "ack": str(broker.settings.ack),
     }
-    node = broker.node.record if broker.node is not None else None
-    if node is not None:
-        body["node"] = {"lane": node.lane, "http_url": node.http_url}
-        nodes = await asyncio.to_thread(broker.live_nodes)
-        body["nodes"] = [
-            {"lane": n.lane, "http_url": n.http_url, "tcp_address": n.tcp_address}
-            for n in sorted(nodes.values(), key=lambda n: n.lane)
-        ]
+    body.update(await _nodes_json(broker))
     jobs = _jobs(request)
     if jobs is not None:
         body["jobs"] = jobs
     return ok_json(body)
+
+
+async def _nodes_json(broker: Broker) -> dict[str, Any]:
+    """This node (lane, URL) and every live node of the warehouse; nothing without nodes."""
+    node = broker.node.record if broker.node is not None else None
+    if node is None:
+        return {}
+    nodes = await asyncio.to_thread(broker.live_nodes)
+    return {
+        "node": {"lane": node.lane, "http_url": node.http_url},
+        "nodes": [
+            {"lane": n.lane, "http_url": n.http_url, "tcp_address": n.tcp_address}
+            for n in sorted(nodes.values(), key=lambda n: n.lane)
+        ],
+    }
 
 
 def _e2e() -> dict[str, Any]:
@@ -199,14 +208,7 @@ async def stats(
     }
     if _BOOL.get(include_mem or "", True):
         body["memory"] = _memory()
-    node = broker.node.record if broker.node is not None else None
-    if node is not None:
-        body["node"] = {"lane": node.lane, "http_url": node.http_url}
-        nodes = await asyncio.to_thread(broker.live_nodes)
-        body["nodes"] = [
-            {"lane": n.lane, "http_url": n.http_url, "tcp_address": n.tcp_address}
-            for n in sorted(nodes.values(), key=lambda n: n.lane)
-        ]
+    body.update(await _nodes_json(broker))
     jobs = _jobs(request)
     if jobs is not None:
         body["jobs"] = jobs
