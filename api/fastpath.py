@@ -24,6 +24,7 @@ from api.responses import (
     NSQ_HEADER,
     STATUS,
     TEXT_TYPE,
+    elsewhere_location,
     queue_error_body,
 )
 from queue_engine.broker import Broker
@@ -98,7 +99,7 @@ class FastPath:
             headers = [_JSON, _NSQ, (b"content-length", str(len(body)).encode())]
             if isinstance(exc, ChannelElsewhereError):
                 target = path + (f"?{scope['query_string'].decode('latin-1')}" if query else "")
-                headers.append((b"location", (exc.node_url.rstrip("/") + target).encode()))
+                headers.append((b"location", elsewhere_location(exc, target).encode()))
             start = {"type": "http.response.start", "status": STATUS[exc.code], "headers": headers}
             await send(start)
             await send({"type": "http.response.body", "body": body})

@@ -126,8 +126,13 @@ def from_queue_error(exc: QueueError, request_target: str = "") -> Response:
     redirect to the channel's node goes on that node."""
     headers = None
     if isinstance(exc, ChannelElsewhereError):
-        headers = {"Location": exc.node_url.rstrip("/") + request_target}
+        headers = {"Location": elsewhere_location(exc, request_target)}
     return _error_response(exc.code, queue_error_body(exc), headers)
+
+
+def elsewhere_location(exc: ChannelElsewhereError, request_target: str) -> str:
+    """The same request (path and query) on the node that serves the channel."""
+    return exc.node_url.rstrip("/") + request_target
 
 
 def error_doc(*codes: ErrorCode) -> dict[int | str, dict[str, Any]]:

@@ -14,7 +14,7 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from queue_engine.channel import ChannelRuntime
@@ -47,8 +47,9 @@ PUMP_IDLE_MAX_S = 1.0
 # With several nodes: how often a node looks for registry events other nodes committed, and
 # for nodes that died (whose channels it then takes over).
 WATCH_INTERVAL_S = 1.0
-# Registry events that raced another node's are decided again this many times.
-_REGISTRY_RETRIES = 20
+# A registry event or a channel claim that raced another node's is decided again this many
+# times.
+_RACE_RETRIES = 20
 
 
 class Broker:
@@ -70,7 +71,7 @@ class Broker:
         # Live nodes (lane -> token) as last seen by the watch, to notice one dying.
         self._seen_nodes: dict[int, str] = {}
         # Channels other nodes own, and where (for /stats): refreshed by the watch.
-        self.elsewhere: dict[tuple[str, str], str] = {}
+        self._elsewhere: dict[tuple[str, str], str] = {}
         self._watch: asyncio.Task[None] | None = None
         self.started_at = time.time()
         self._registry_store: RegistryStore | None = None
@@ -100,8 +101,7 @@ class Broker:
     async def start(self) -> None:
         """Fold the registry, finish interrupted deletes, open every topic's writer."""
         self._loop = asyncio.get_running_loop()
-        await asyncio.to_thread(self._start_blocking)
-        nodes = await asyncio.to_thread(self._directory.fresh) if self._directory else {}
+        nodes = await asyncio.to_thread(self._start_blocking)
         for topic in list(self.registry.topics.values()):
             for channel in list(topic.channels):
                 await self._open_if_ours(topic.name, channel, nodes)
@@ -117,17 +117,17 @@ class Broker:
             sum(len(t.channels) for t in self.registry.topics.values()),
         )
 
-    def _start_blocking(self) -> None:
+    def _start_blocking(self) -> dict[int, NodeRecord]:
+        """Returns the live nodes as read at start."""
         self._registry_store = RegistryStore(self.warehouse.registry_path)
         self.maintenance.watch(self.warehouse.registry_path)
         self.registry = Registry.fold(self._registry_store.load())
-        if self.node is None or set(self._directory_fresh()) == {self.node.lane}:
+        nodes = self.live_nodes()
+        if self.node is None or set(nodes) == {self.node.lane}:
             self._remove_orphan_directories()
         for name in self.registry.topics:
             self._open_writer(name)
-
-    def _directory_fresh(self) -> dict[int, NodeRecord]:
-        return self._directory.fresh() if self._directory is not None else {}
+        return nodes
 
     def _remove_orphan_directories(self) -> None:
         """A delete is committed to the registry before its directories are removed; a crash
@@ -265,14 +265,12 @@ class Broker:
         async with self._admin:
             await self._refresh_if_moved(name not in self.registry.topics)
             self.registry.existing_topic(name)
-            if name not in self._writers:
-                await asyncio.to_thread(self._open_writer, name)
-            stats = self._writer_stats(name)
+            writer = await self._writer(name)
+            stats = writer.stats()
             version = stats.version
-            if self.node is not None and name in self._writers:
+            if self.node is not None:
                 # Other nodes commit to the topic too: empty up to the newest version.
-                path = self._writers[name].path
-                version = await asyncio.to_thread(latest_version, path, version)
+                version = await asyncio.to_thread(latest_version, writer.path, version)
             await self._record(
                 Action.TOPIC_EMPTY,
                 name,
@@ -296,7 +294,7 @@ class Broker:
                 raise QueueError(
                     ErrorCode.E_TOO_MANY_CHANNELS, f"{cap} channels (max_channels_per_topic)"
                 )
-            await self._record_at_topic_version(Action.CHANNEL_CREATE, info, channel)
+            await self._record_at_topic_version(Action.CHANNEL_CREATE, topic, channel)
             await self._open_if_ours(topic, channel)
 
     async def delete_channel(self, topic: str, channel: str) -> None:
@@ -304,14 +302,13 @@ class Broker:
         await self._runtime(topic, channel)
         async with self._admin:
             self.registry.existing_channel(topic, channel)
-            info = self.registry.existing_topic(topic)
-            await self._record_at_topic_version(Action.CHANNEL_DELETE, info, channel)
+            await self._record_at_topic_version(Action.CHANNEL_DELETE, topic, channel)
             await self._close_channel(topic, channel)
             await asyncio.to_thread(delete_tree, self.warehouse.channel_root(topic, channel))
             if self._ownership is not None:
                 await asyncio.to_thread(self._ownership.forget, topic, channel)
 
-    async def _record_at_topic_version(self, action: Action, info: TopicInfo, channel: str) -> None:
+    async def _record_at_topic_version(self, action: Action, topic: str, channel: str) -> None:
         """Record a channel event stamped with the topic version, with no topic commit between
         reading that version and committing the event.
 
@@ -319,13 +316,10 @@ class Broker:
         could be committed after the version was read but before the event, a fanout batch could
         see the message without the channel, and the channel would miss it.
         """
-        # A topic another node created has no writer here until this node uses it.
-        found = self._writers.get(info.name)
-        writer = (
-            found if found is not None else await asyncio.to_thread(self._open_writer, info.name)
-        )
+        writer = await self._writer(topic)
 
         def record() -> RegistryEvent:
+            info = self.registry.existing_topic(topic)
             with writer.exclusive():
                 version = writer.stats().version
                 if self.node is not None:
@@ -345,16 +339,7 @@ class Broker:
                 self._registry_store.append(event)
                 return event
 
-        for _ in range(_REGISTRY_RETRIES):
-            try:
-                event = await asyncio.to_thread(record)
-            except RegistryMovedError:
-                await self._refresh_registry()
-                info = self.registry.existing_topic(info.name)
-                continue
-            self.registry.apply(event)
-            return
-        raise QueueError(ErrorCode.E_COMMIT_FAILED, "the registry kept changing; try again")
+        await self._commit_event(record)
 
     async def pause_channel(self, topic: str, channel: str, paused: bool) -> None:
         await self._runtime(topic, channel)
@@ -463,9 +448,9 @@ class Broker:
         """CHANNEL_NOT_FOUND unless the channel exists, after reading the registry again if
         another node may have created it."""
         info = self.registry.topics.get(topic)
-        if (info is None or channel not in info.channels) and self.node is not None:
+        if info is None or channel not in info.channels:
             async with self._admin:
-                await self._refresh_registry()
+                await self._refresh_if_moved(True)
         self.registry.existing_channel(topic, channel)
 
     async def _adopt(self, topic: str, channel: str) -> ChannelRuntime:
@@ -474,9 +459,8 @@ class Broker:
             if runtime is not None:
                 return runtime
             self.registry.existing_channel(topic, channel)
-            owner = await asyncio.to_thread(self._take_ownership, topic, channel, None)
+            owner = await self._owner_if_not_us(topic, channel, None)
             if owner is not None:
-                self.elsewhere[(topic, channel)] = owner.http_url
                 raise ChannelElsewhereError(owner.http_url, owner.tcp_address)
             await self._open_channel(topic, channel)
             return self._channels[(topic, channel)]
@@ -485,23 +469,33 @@ class Broker:
         self, topic: str, channel: str, nodes: dict[int, NodeRecord] | None = None
     ) -> bool:
         """Open the channel if no other live node owns it (taking it); False if one does."""
-        owner = await asyncio.to_thread(self._take_ownership, topic, channel, nodes)
-        if owner is not None:
-            self.elsewhere[(topic, channel)] = owner.http_url
+        if await self._owner_if_not_us(topic, channel, nodes) is not None:
             return False
         await self._open_channel(topic, channel)
         return True
+
+    async def _owner_if_not_us(
+        self, topic: str, channel: str, nodes: dict[int, NodeRecord] | None
+    ) -> NodeRecord | None:
+        """The live node that owns the channel if not this one (noted for /stats); else
+        this node owns it now (taking it if nobody live did)."""
+        if self.node is None:
+            return None  # alone on the warehouse: every channel is this process's
+        owner = await asyncio.to_thread(self._take_ownership, topic, channel, nodes)
+        if owner is not None:
+            self._elsewhere[(topic, channel)] = owner.http_url
+        return owner
 
     def _take_ownership(
         self, topic: str, channel: str, nodes: dict[int, NodeRecord] | None
     ) -> NodeRecord | None:
         """Own the channel unless another live node does (returned then). ``nodes``: a view of
         the live nodes to start from (refreshed when the claim names a node it lacks)."""
-        if self.node is None or self._ownership is None or self._directory is None:
-            return None
+        assert self.node is not None and self._ownership is not None
+        assert self._directory is not None
         me = self.node.record
         assert me is not None
-        for _ in range(_REGISTRY_RETRIES):
+        for _ in range(_RACE_RETRIES):
             claim = self._ownership.current(topic, channel)
             if claim is not None and claim.lane is not None:
                 if claim.lane == me.lane and claim.token == me.token:
@@ -515,7 +509,7 @@ class Broker:
                     return holder
             if self._ownership.claim(topic, channel, claim, me):
                 log.info("node %d took channel %s/%s", me.lane, topic, channel)
-                self.elsewhere.pop((topic, channel), None)
+                self._elsewhere.pop((topic, channel), None)
                 return None
         raise QueueError(ErrorCode.INTERNAL_ERROR, f"could not take {topic}/{channel}")
 
@@ -707,7 +701,7 @@ class Broker:
         runtime = self._channels.get((topic, channel))
         if runtime is None:
             return ChannelStats(
-                name=channel, paused=paused, node=self.elsewhere.get((topic, channel))
+                name=channel, paused=paused, node=self._elsewhere.get((topic, channel))
             )
         counts = runtime.counts()
         return ChannelStats(
@@ -763,10 +757,11 @@ class Broker:
         options: dict[str, Any] | None = None,
     ) -> None:
         """Commit a registry event, then apply it: memory never runs ahead of the table.
-        With ``_admin`` held. An event that raced another node's is made again after
-        reading the registry (a stale event is harmless: the fold ignores it)."""
-        assert self._registry_store is not None, "broker not started"
-        for _ in range(_REGISTRY_RETRIES):
+        With ``_admin`` held."""
+        store = self._registry_store
+        assert store is not None, "broker not started"
+
+        def record() -> RegistryEvent:
             event = self._event(
                 action,
                 topic,
@@ -775,14 +770,33 @@ class Broker:
                 topic_messages=topic_messages,
                 options=options,
             )
+            store.append(event)
+            return event
+
+        await self._commit_event(record)
+
+    async def _commit_event(self, record: Callable[[], RegistryEvent]) -> None:
+        """Run ``record`` (make an event from the registry as folded and commit it; in a
+        thread), then apply the event. With ``_admin`` held. When another node's event took the
+        version first, read the registry again and make the event anew (a stale event is
+        harmless: the fold ignores it)."""
+        for _ in range(_RACE_RETRIES):
             try:
-                await asyncio.to_thread(self._registry_store.append, event)
+                event = await asyncio.to_thread(record)
             except RegistryMovedError:
                 await self._refresh_registry()
                 continue
             self.registry.apply(event)
             return
         raise QueueError(ErrorCode.E_COMMIT_FAILED, "the registry kept changing; try again")
+
+    async def _writer(self, name: str) -> TopicWriter:
+        """The topic's writer, opened if this node has none yet (a topic another node created
+        has none here until this node uses it). With ``_admin`` held."""
+        writer = self._writers.get(name)
+        if writer is None:
+            writer = await asyncio.to_thread(self._open_writer, name)
+        return writer
 
     async def _refresh_if_moved(self, missing: bool) -> None:
         """With ``_admin`` held, before creating something ``missing`` from the registry:
@@ -811,19 +825,19 @@ class Broker:
     async def _follow(self, before: Registry, after: Registry) -> None:
         """Another node deleted (or re-created) topics or channels, or changed settings: stop
         what this node runs of them, and apply the settings to the channels it serves."""
-        for name in list(self._writers):
+
+        def replaced(name: str) -> bool:
+            """Deleted, or deleted and created again, since ``before``."""
             info, old = after.topics.get(name), before.topics.get(name)
-            if info is not None and (old is None or info.created_seq == old.created_seq):
-                continue
-            for key in [k for k in self._channels if k[0] == name]:
-                await self._close_channel(*key)
-                await asyncio.to_thread(delete_tree, self.warehouse.channel_root(*key))
+            return info is None or (old is not None and info.created_seq != old.created_seq)
+
+        for name in [n for n in self._writers if replaced(n)]:
             writer = self._writers.pop(name)
             self.maintenance.unwatch(writer.path)
             await asyncio.to_thread(writer.close)
         for (topic, channel), runtime in list(self._channels.items()):
             info = after.topics.get(topic)
-            if info is None or channel not in info.channels:
+            if info is None or replaced(topic) or channel not in info.channels:
                 await self._close_channel(topic, channel)
                 await asyncio.to_thread(delete_tree, self.warehouse.channel_root(topic, channel))
                 continue

@@ -107,34 +107,30 @@ class Node:
         assert self.record is not None, "node has not joined"
         return self.record.lane
 
-    @property
-    def token(self) -> str:
-        assert self.record is not None, "node has not joined"
-        return self.record.token
-
     def join(self) -> NodeRecord:
         token = uuid.uuid4().hex
-        lanes = list(range(LANES))
+        record = None
         if is_remote(self.root):
             # A live lane with this node's own address is this node before a restart (after
             # a kill -9 its lease has not lapsed yet): wait for it and take that lane, so the
             # channels it owned are this node's again rather than stranded until it lapses.
             own = [n.lane for n in live_nodes(self.root).values() if n.http_url == self._http_url]
             if own:
-                self._wait_for_lane(own[0], token)
-                if self.record is not None:
-                    return self.record
-                lanes.remove(own[0])
-        for lane in lanes:
-            record = self._record(lane, token)
-            if self._take(record):
-                self.record = record
-                log.info("warehouse %s: serving as node %d (%s)", self.root, lane, self._http_url)
-                return record
-        raise WarehouseBusyError(
-            f"warehouse {self.root} already has {LANES} deltaq API nodes "
-            f"({describe_nodes(live_nodes(self.root))}); stop one, or use another --warehouse"
-        )
+                record = self._wait_for_lane(own[0], token)
+        if record is None:
+            for lane in range(LANES):
+                candidate = self._record(lane, token)
+                if self._take(candidate):
+                    record = candidate
+                    break
+        if record is None:
+            raise WarehouseBusyError(
+                f"warehouse {self.root} already has {LANES} deltaq API nodes "
+                f"({describe_nodes(live_nodes(self.root))}); stop one, or use another --warehouse"
+            )
+        self.record = record
+        log.info("warehouse %s: serving as node %d (%s)", self.root, record.lane, self._http_url)
+        return record
 
     def _record(self, lane: int, token: str) -> NodeRecord:
         return NodeRecord(
@@ -147,7 +143,7 @@ class Node:
             time.time(),
         )
 
-    def _wait_for_lane(self, lane: int, token: str) -> None:
+    def _wait_for_lane(self, lane: int, token: str) -> NodeRecord:
         log.info(
             "warehouse %s: waiting up to %.0f s for the lane of this node's previous process "
             "(%s) to lapse",
@@ -159,9 +155,7 @@ class Node:
         while time.monotonic() < deadline:
             record = self._record(lane, token)
             if self._take(record):
-                self.record = record
-                log.info("warehouse %s: serving as node %d (%s)", self.root, lane, self._http_url)
-                return
+                return record
             time.sleep(0.5)
         raise WarehouseBusyError(
             f"warehouse {self.root} is already served by a live node at {self._http_url}: "
@@ -250,14 +244,12 @@ def _live_remote(root: str) -> dict[int, NodeRecord]:
     now = time.time()
     found: dict[int, NodeRecord] = {}
     for raw in read_objects(urls):
-        if raw is None:
-            continue
         try:
-            data = json.loads(raw)
-        except ValueError:
+            data = json.loads(raw or b"{}")
+            record = NodeRecord.from_json(data)
+        except (ValueError, KeyError, TypeError):
             continue
-        record = _parse(raw)
-        if record is not None and float(data.get("expires_at", 0)) > now:
+        if float(data.get("expires_at", 0)) > now:
             found[record.lane] = record
     return found
 

@@ -221,6 +221,7 @@ def test_a_second_api_joins_and_one_beyond_the_lanes_is_refused(
     assert r.status_code == 200 and str(r.url).startswith(first.url)
     # Both nodes' /stats and the second's console say which node serves the channel.
     assert _stats_channel(second.url, "t")["node"] == _stats_channel(first.url, "t")["node"]
+    assert _stats_channel(first.url, "t")["node"] == first.url
     overview = httpx.get(f"{second.url}/console/api/overview").json()
     [channel] = overview["topics"][0]["channels"]
     assert channel["elsewhere"] == first.url

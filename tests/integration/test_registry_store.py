@@ -6,10 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from queue_engine.registry import Action, Registry, RegistryEvent
-from queue_engine.store.registry_store import RegistryReader, RegistryStore, load_events
+from queue_engine.store.registry_store import (
+    RegistryMovedError,
+    RegistryReader,
+    RegistryStore,
+    load_events,
+)
 from queue_engine.store.tables import REGISTRY_SCHEMA
 
 _OLD_SCHEMA = pa.schema([f for f in REGISTRY_SCHEMA if f.name != "options"])
@@ -59,3 +65,22 @@ def test_an_older_registry_is_read_then_migrated_by_its_writer(tmp_path: Path) -
 
 def test_a_missing_registry_reads_as_empty(tmp_path: Path) -> None:
     assert load_events(str(tmp_path / "none")) == []
+
+
+def test_two_writers_commit_registry_events_in_seq_order(tmp_path: Path) -> None:
+    """Two nodes' registry stores: an append that follows a registry read before another
+    node's event is refused (nothing written); after reading again it lands, next in seq."""
+    path = str(tmp_path / "registry")
+    first, second = RegistryStore(path), RegistryStore(path)
+    assert first.load() == second.load() == []
+    first.append(RegistryEvent(0, 1, Action.TOPIC_CREATE, "a"))
+    assert second.moved()
+    with pytest.raises(RegistryMovedError):
+        second.append(RegistryEvent(0, 2, Action.TOPIC_CREATE, "b"))
+    assert [e.topic for e in load_events(path)] == ["a"]
+    seen = Registry.fold(second.load())
+    assert not second.moved()
+    second.append(RegistryEvent(seen.next_seq(), 2, Action.TOPIC_CREATE, "b"))
+    assert [(e.seq, e.topic) for e in load_events(path)] == [(0, "a"), (1, "b")]
+    first.close()
+    second.close()
