@@ -87,7 +87,7 @@ def create_app(settings: Settings, node: Node | None = None) -> FastAPI:
     # Built here, not in the lifespan: the tokens file is read (and a bad one refused) before
     # the server starts listening.
     app.state.authenticator = Authenticator(settings)
-    app.state.history = History()
+    app.state.history = History(period_s=console.SAMPLE_EVERY_S)
     app.mount(
         SWAGGER_ASSETS,
         StaticFiles(directory=str(swagger_ui_bundle.swagger_ui_path)),

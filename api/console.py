@@ -61,8 +61,9 @@ def mount(app: FastAPI) -> None:
 
 
 async def sample_forever(broker: Broker, history: History) -> None:
-    """Record the broker's figures every ``SAMPLE_EVERY_S`` (a task of the app's lifespan);
-    first, rebuild each topic's last hour from its commit log."""
+    """Record the broker's figures every ``SAMPLE_EVERY_S`` (a task of the app's lifespan), of
+    the topics whose figures change (``History.due``); first, rebuild each topic's last hour
+    from its commit log."""
     since = time.time() - KEEP_S
     for topic in broker.stats():
         path = broker.warehouse.topic_path(topic.name)
@@ -70,7 +71,9 @@ async def sample_forever(broker: Broker, history: History) -> None:
         history.backfill_topic(topic.name, writes, topic.message_count)
     while True:
         try:
-            history.record(broker.stats(), time.time())
+            now = time.time()
+            topics = list(broker.registry.topics)
+            history.record(broker.topic_stats(history.due(topics, now)), now, topics)
         except Exception:
             log.exception("console: sampling the figures failed")
         await asyncio.sleep(SAMPLE_EVERY_S)

@@ -14,6 +14,7 @@ import argparse
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -26,25 +27,34 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--topics", type=int, default=1000)
     parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument("--clients", type=int, default=8)
+    # delta-rs's I/O threads (tokio's blocking pool) outlive a burst by ~10 s of no work.
+    parser.add_argument("--settle-seconds", type=float, default=30.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
         proc = api_process(Path(tmp) / "wh", port)
         try:
             started = time.perf_counter()
-            for i in range(args.topics):
+
+            def create(i: int) -> None:
                 post(port, f"/topic/create?topic=t{i}")
                 post(port, f"/channel/create?topic=t{i}&channel=c")
+
+            # Several clients at once, as a fleet of producers creating their topics would.
+            with ThreadPoolExecutor(args.clients) as pool:
+                list(pool.map(create, range(args.topics)))
             created = time.perf_counter() - started
             api = psutil.Process(proc.pid)
-            time.sleep(3)  # let the last creations settle
+            time.sleep(args.settle_seconds)  # creation's upkeep and I/O threads wind down
             before = api.cpu_times()
             time.sleep(args.idle_seconds)
             after = api.cpu_times()
             busy = (after.user + after.system) - (before.user + before.system)
             print(
                 f"{args.topics:,} topics with a channel each: created in {created:.1f} s "
-                f"({created / max(1, args.topics) * 1000:.0f} ms each); idle: "
+                f"({created / max(1, args.topics) * 1000:.1f} ms each, {args.clients} clients); "
+                "idle: "
                 f"{api.num_threads()} threads, {api.memory_info().rss / 2**20:,.0f} MiB RSS, "
                 f"{busy / args.idle_seconds * 100:.1f}% of one core",
                 flush=True,

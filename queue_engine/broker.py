@@ -30,6 +30,8 @@ from queue_engine.stats import ChannelStats, TopicStats, percentile_ms
 from queue_engine.store.commit_log import latest_version
 from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
 from queue_engine.store.nodes import Node, NodeDirectory, NodeRecord
+from queue_engine.store.notices import NoticeReader
+from queue_engine.store.object_store import is_remote
 from queue_engine.store.ownership import Ownership
 from queue_engine.store.registry_store import RegistryMovedError, RegistryStore
 from queue_engine.store.tables import Warehouse, delete_tree, list_dirs
@@ -40,10 +42,16 @@ log = logging.getLogger(__name__)
 # The consumer pump's period, and how many periods apart channels nobody waits on are visited.
 PUMP_INTERVAL_S = 0.005
 # How often a channel nobody waits on is ticked: with leases in flight or deferred messages
-# (timeouts, releases), and with neither (only to pick up new rows for its depth).
+# (timeouts, releases); with messages that may outlive a TTL; and with none of these, only in
+# case a notice of new rows was missed (notices tick a channel the fanout or sweep wrote to).
 BUSY_TICK_S = 0.1
-IDLE_TICK_S = 2.0
+EXPIRING_TICK_S = 2.0
+QUIET_TICK_S = 30.0
 PUMP_IDLE_MAX_S = 1.0
+# How often the notices of the fanout and the sweep are looked at (a stat; a HEAD request on
+# an object store).
+NOTICE_POLL_S = 0.05
+NOTICE_POLL_REMOTE_S = 0.25
 # With several nodes: how often a node looks for registry events other nodes committed, and
 # for nodes that died (whose channels it then takes over).
 WATCH_INTERVAL_S = 1.0
@@ -85,6 +93,10 @@ class Broker:
         self._hot: set[ChannelRuntime] = set()
         self._schedule: list[tuple[float, int, ChannelRuntime]] = []
         self._scheduled = itertools.count()
+        # When each channel is next due: a schedule entry at another time is stale.
+        self._next_due: dict[ChannelRuntime, float] = {}
+        self._notices = NoticeReader(settings.warehouse)
+        self._notice_task: asyncio.Task[None] | None = None
         # Set when a channel turns hot: the pump, asleep until the next due channel, wakes.
         self._heated = asyncio.Event()
         self._pump: asyncio.Task[None] | None = None
@@ -108,6 +120,7 @@ class Broker:
         self._seen_nodes = {lane: n.token for lane, n in nodes.items()}
         self.maintenance.start()
         self._pump = asyncio.get_running_loop().create_task(self._run_pump())
+        self._notice_task = asyncio.get_running_loop().create_task(self._follow_notices())
         if self.node is not None:
             self._watch = asyncio.get_running_loop().create_task(self._run_watch())
         log.info(
@@ -152,6 +165,8 @@ class Broker:
         self._closing = True
         if self._pump is not None:
             self._pump.cancel()
+        if self._notice_task is not None:
+            self._notice_task.cancel()
         if self._watch is not None:
             self._watch.cancel()
         for runtime in list(self._channels.values()):
@@ -584,6 +599,7 @@ class Broker:
     async def _close_channel(self, topic: str, channel: str) -> None:
         runtime = self._channels.pop((topic, channel), None)
         if runtime is not None:
+            self._next_due.pop(runtime, None)
             self.maintenance.unwatch(runtime.ledger_path)
             await runtime.close()
 
@@ -611,13 +627,47 @@ class Broker:
             )
 
     def _due(self, runtime: ChannelRuntime, after_s: float) -> None:
-        heapq.heappush(self._schedule, (time.monotonic() + after_s, next(self._scheduled), runtime))
+        at = time.monotonic() + after_s
+        self._next_due[runtime] = at
+        heapq.heappush(self._schedule, (at, next(self._scheduled), runtime))
+
+    def _tick_interval(self, runtime: ChannelRuntime) -> float:
+        if runtime.busy:
+            return BUSY_TICK_S
+        return EXPIRING_TICK_S if runtime.expiring else QUIET_TICK_S
+
+    async def _follow_notices(self) -> None:
+        """Tick at once the channels the fanout or the sweep say they wrote to: an idle
+        channel is otherwise visited only every QUIET_TICK_S."""
+        remote = is_remote(self.settings.warehouse)
+        while True:
+            await asyncio.sleep(NOTICE_POLL_REMOTE_S if remote else NOTICE_POLL_S)
+            try:
+                if remote:
+                    changed = await asyncio.to_thread(self._notices.changes)
+                else:
+                    changed = self._notices.changes()
+            except Exception:
+                log.exception("reading the fanout's and sweep's notices failed")
+                continue
+            if changed is None:
+                runtimes = list(self._channels.values())
+            else:
+                runtimes = [r for key in changed if (r := self._channels.get(key)) is not None]
+            now = time.monotonic()
+            for runtime in runtimes:
+                runtime.notice()
+                if self._next_due.get(runtime, 0.0) > now:
+                    self._due(runtime, 0.0)
+            if runtimes:
+                self._heated.set()
 
     async def _run_pump(self) -> None:
         """Timeouts, deferrals and new channel rows: every few ms for channels with waiting
         consumers (so a SUB answers within ms of a fanout commit), every BUSY_TICK_S for
-        channels with leases or deferrals, every IDLE_TICK_S for the rest. Each pass looks
-        only at the channels due: the cost follows activity, not the number of channels."""
+        channels with leases or deferrals, at once for channels a notice names, and rarely
+        for the rest (``_tick_interval``). Each pass looks only at the channels due: the cost
+        follows activity, not the number of channels."""
         while True:
             await self._pause()
             for runtime in list(self._hot):
@@ -629,12 +679,15 @@ class Broker:
                     self._hot.discard(runtime)
             now = time.monotonic()
             while self._schedule and self._schedule[0][0] <= now:
-                _, _, runtime = heapq.heappop(self._schedule)
+                at, _, runtime = heapq.heappop(self._schedule)
                 if runtime.closed:
+                    self._next_due.pop(runtime, None)
                     continue
+                if self._next_due.get(runtime) != at:
+                    continue  # rescheduled since (a notice)
                 if runtime not in self._hot:
                     await self._tick(runtime)
-                self._due(runtime, BUSY_TICK_S if runtime.busy else IDLE_TICK_S)
+                self._due(runtime, self._tick_interval(runtime))
 
     async def _tick(self, runtime: ChannelRuntime) -> None:
         try:
@@ -646,13 +699,13 @@ class Broker:
 
     def stats(self, topic: str | None = None, channel: str | None = None) -> list[TopicStats]:
         """nsqd's /stats figures; ``topic``/``channel`` filter as nsqd filters them."""
-        result = []
-        for name in sorted(self.registry.topics):
-            if topic and name != topic:
-                continue
-            info = self.registry.topics[name]
-            result.append(self._topic_stats(info, channel))
-        return result
+        names = [topic] if topic else sorted(self.registry.topics)
+        return self.topic_stats(names, channel)
+
+    def topic_stats(self, names: Iterable[str], channel: str | None = None) -> list[TopicStats]:
+        """The figures of the named topics that exist, in the order named."""
+        topics = self.registry.topics
+        return [self._topic_stats(topics[n], channel) for n in names if n in topics]
 
     def _topic_stats(self, info: TopicInfo, channel: str | None) -> TopicStats:
         stats = self._writer_stats(info.name)

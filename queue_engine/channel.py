@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 # How long a consumer counts as connected (client_count) after its last SUB.
 CLIENT_IDLE_S = 60.0
+# On an object store, how often a channel looks at its table without a notice of a write.
+REMOTE_LOOK_S = 1.0
 
 
 class _Done:
@@ -150,6 +152,11 @@ class ChannelRuntime:
         self.waiting = 0
         self.closed = False
         self._broken = False
+        # A notice said the fanout or the sweep wrote here (queue_engine.store.notices); on an
+        # object store, where a look is a request, the table is otherwise looked at only every
+        # REMOTE_LOOK_S.
+        self._noticed = True
+        self._looked_at = float("-inf")
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -391,6 +398,21 @@ class ChannelRuntime:
 
         asyncio.get_running_loop().create_task(fetch())
 
+    def notice(self) -> None:
+        """The fanout or the sweep wrote to this channel's tables: look at them next tick."""
+        self._noticed = True
+
+    def _look(self) -> bool:
+        """Whether this tick looks at the channel's table for new versions."""
+        if "://" not in self.messages_path:
+            return True  # one file-existence check: cheap enough for every tick
+        now = time.monotonic()
+        if not self._noticed and now - self._looked_at < REMOTE_LOOK_S:
+            return False
+        self._noticed = False
+        self._looked_at = now
+        return True
+
     async def follow_ledger(self) -> None:
         """Apply what the sweep appended to the ledger (TIMEOUTs of leases that ended)."""
         if self._load_lock.locked() or self._writer is None or "://" in self.ledger_path:
@@ -420,7 +442,7 @@ class ChannelRuntime:
 
     async def poll(self) -> None:
         """Read the versions the fanout committed since the last poll."""
-        if self._load_lock.locked() or not self._reader.probe():
+        if self._load_lock.locked() or not self._look() or not self._reader.probe():
             return
         async with self._load_lock:
             rows = await asyncio.to_thread(self._reader.poll)
@@ -463,6 +485,11 @@ class ChannelRuntime:
     def busy(self) -> bool:
         """Leases to time out or deferrals to release: worth ticking often."""
         return bool(self.queue.in_flight or self.queue.deferred)
+
+    @property
+    def expiring(self) -> bool:
+        """Messages here may outlive their TTL: worth ticking though nothing else happens."""
+        return bool(self.queue.ttl_us or self.queue.has_own_expiries)
 
     # -- figures ----------------------------------------------------------------------------
 

@@ -4,6 +4,12 @@ The API samples its own figures every few seconds (``record``); rates are the di
 counters between samples. After a restart the topic's publish history is rebuilt from its
 Delta commit log (``topic_commits``: every commit's time and row count), so the chart of the
 hour before the restart is not empty; channel figures start again from the restart.
+
+A sample equal to the point before it is not stored: only the newest such sample is held
+(and stored before the next change, so rates stay exact), and an unchanged figure is stored
+every ``UNCHANGED_EVERY_S``. A topic whose figures stopped changing is sampled less and less
+often (``due``), up to ``QUIET_MAX_PERIODS`` sample periods apart. Ten thousand idle topics cost
+a few points each and a few samples a second, not an hour of samples each.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from typing import Any, NamedTuple
 from queue_engine.stats import TopicStats
 
 KEEP_S = 3600.0
+UNCHANGED_EVERY_S = 300.0
+QUIET_MAX_PERIODS = 30
 
 
 class TopicPoint(NamedTuple):
@@ -51,6 +59,15 @@ def _rate(points: list[Any], field: str) -> list[float | None]:
     return rates
 
 
+def _same(before: tuple[Any, ...], after: tuple[Any, ...]) -> bool:
+    """Equal figures (the time aside; nan equals nan)."""
+    return all(a == b or _both_nan(a, b) for a, b in zip(before[1:], after[1:], strict=True))
+
+
+def _both_nan(a: Any, b: Any) -> bool:
+    return isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+
+
 def _clean(values: Iterable[float]) -> list[float | None]:
     return [None if isinstance(v, float) and math.isnan(v) else v for v in values]
 
@@ -58,17 +75,32 @@ def _clean(values: Iterable[float]) -> list[float | None]:
 class History:
     """Points per topic and channel over the last ``keep_s`` seconds."""
 
-    def __init__(self, keep_s: float = KEEP_S) -> None:
+    def __init__(self, keep_s: float = KEEP_S, period_s: float = 2.0) -> None:
         self.keep_s = keep_s
+        self.period_s = period_s
+        # Per topic: sample periods since its figures last changed (capped), next sample time.
+        self._quiet: dict[str, int] = {}
+        self._next: dict[str, float] = {}
         self.topics: dict[str, deque[TopicPoint]] = {}
         self.channels: dict[tuple[str, str], deque[ChannelPoint]] = {}
+        # The newest sample of each series while it equals its last stored point.
+        self._held: dict[object, Any] = {}
 
-    def record(self, stats: list[TopicStats], now: float) -> None:
-        live_topics = set()
+    def due(self, names: Iterable[str], now: float) -> list[str]:
+        """Which of ``names`` to sample now: every period while a topic's figures change."""
+        return [n for n in names if self._next.get(n, 0.0) <= now]
+
+    def record(
+        self, stats: list[TopicStats], now: float, topics: Iterable[str] | None = None
+    ) -> None:
+        """Add a sample of ``stats``; ``topics``: every topic there is, when ``stats`` holds
+        only some of them (the rest keep their history)."""
+        live_topics = set(topics) if topics is not None else set()
         live_channels = set()
         for topic in stats:
             live_topics.add(topic.name)
-            self._add(
+            changed = self._add(
+                topic.name,
                 self.topics.setdefault(topic.name, deque()),
                 TopicPoint(now, topic.message_count, topic.depth, topic.version),
                 now,
@@ -87,12 +119,20 @@ class History:
                     c.table_version,
                     c.ledger_version,
                 )
-                self._add(self.channels.setdefault(key, deque()), point, now)
+                changed |= self._add(key, self.channels.setdefault(key, deque()), point, now)
+            quiet = min(self._quiet.get(topic.name, 0) * 2 or 1, QUIET_MAX_PERIODS)
+            quiet = self._quiet[topic.name] = 0 if changed else quiet
+            self._next[topic.name] = now + max(1, quiet) * self.period_s * 0.999
         # Deleted topics and channels go with their history.
+        sampled = {topic.name for topic in stats}
         for name in set(self.topics) - live_topics:
             del self.topics[name]
+            for kept in (self._held, self._quiet, self._next):
+                kept.pop(name, None)
         for key in set(self.channels) - live_channels:
-            del self.channels[key]
+            if key[0] in sampled or key[0] not in live_topics:
+                del self.channels[key]
+                self._held.pop(key, None)
 
     def backfill_topic(self, topic: str, commits: list[tuple[float, int]], messages: int) -> None:
         """Points for ``topic`` before the first sample, from its commits in the last hour:
@@ -107,13 +147,27 @@ class History:
                 rebuilt.append(TopicPoint(at, count, math.nan, -1))
         points.extendleft(reversed(rebuilt))
 
-    def _add(self, points: deque[Any], point: Any, now: float) -> None:
-        points.append(point)
+    def _add(self, key: object, points: deque[Any], point: Any, now: float) -> bool:
+        """Add a sample; whether the figures changed since the last one."""
+        same = bool(points) and _same(points[-1], point)
+        if same and point.t - points[-1].t < UNCHANGED_EVERY_S:
+            self._held[key] = point
+        else:
+            held = self._held.pop(key, None)
+            if held is not None and not same:
+                points.append(held)
+            points.append(point)
         while points and points[0].t < now - self.keep_s:
             points.popleft()
+        return not same
+
+    def _points(self, key: object, stored: Iterable[Any]) -> list[Any]:
+        points = list(stored)
+        held = self._held.get(key)
+        return points if held is None else [*points, held]
 
     def topic_series(self, topic: str) -> dict[str, list[Any]]:
-        points = list(self.topics.get(topic, ()))
+        points = self._points(topic, self.topics.get(topic, ()))
         return {
             "t": [p.t for p in points],
             "depth": _clean(p.depth for p in points),
@@ -125,7 +179,7 @@ class History:
         }
 
     def channel_series(self, topic: str, channel: str) -> dict[str, list[Any]]:
-        points = list(self.channels.get((topic, channel), ()))
+        points = self._points((topic, channel), self.channels.get((topic, channel), ()))
         return {
             "t": [p.t for p in points],
             "depth": [p.depth for p in points],

@@ -37,6 +37,7 @@ from queue_engine.spark.session import (
     engine,
 )
 from queue_engine.store.append_once import IdempotentAppender
+from queue_engine.store.notices import NoticeWriter
 from queue_engine.store.object_store import StoreError
 from queue_engine.store.registry_store import RegistryReader
 from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, Warehouse, open_or_create
@@ -88,9 +89,14 @@ class ChannelSinks:
 
 
 def fanout_batch(
-    df: DataFrame, batch_id: int, registry_reader: RegistryReader, sinks: ChannelSinks
+    df: DataFrame,
+    batch_id: int,
+    registry_reader: RegistryReader,
+    sinks: ChannelSinks,
+    notices: NoticeWriter | None = None,
 ) -> int:
-    """Write one micro-batch into the channel tables; return the number of rows written."""
+    """Write one micro-batch into the channel tables; return the number of rows written.
+    ``notices``: where to tell the API nodes which channels got rows."""
     started = time.perf_counter()
     rows = df.toArrow()
     read_s = time.perf_counter() - started
@@ -99,9 +105,13 @@ def fanout_batch(
     registry = registry_reader.get()
     sinks.retain(registry)
     written = 0
-    for (topic, channel), selected in route(rows, registry).items():
+    routed = route(rows, registry)
+    for (topic, channel), selected in routed.items():
         if sinks.append(topic, registry.topics[topic].channels[channel], selected, batch_id):
             written += selected.num_rows
+    if notices is not None:
+        # A replayed batch too: its rows may have landed after the nodes last looked.
+        notices.post(routed)
     log.info(
         "fanout batch %d: %d rows in, %d channel rows out (read %.0f ms, write %.0f ms)",
         batch_id,
@@ -120,6 +130,7 @@ def fanout_batch_by_spark(
     warehouse: Warehouse,
     channel_format: str,
     created: set[tuple[str, int]],
+    notices: NoticeWriter | None = None,
 ) -> int:
     """Write one micro-batch into the channel tables with Spark's writer; return the number of
     channel tables written. ``created``: the (table, channel creation) pairs known to exist,
@@ -135,6 +146,7 @@ def fanout_batch_by_spark(
             for row in df.groupBy("topic").agg(F.max("topic_version").alias("newest")).collect()
         }
         written = 0
+        wrote: list[tuple[str, str]] = []
         for topic in sorted(newest):
             for name, channel in receivers(registry, topic):
                 if newest[topic] <= channel.start_version:
@@ -157,8 +169,11 @@ def fanout_batch_by_spark(
                     .save(path)
                 )
                 written += 1
+                wrote.append((topic, name))
     finally:
         df.unpersist()
+    if notices is not None:
+        notices.post(wrote)
     log.info(
         "fanout batch %d: %d topics, %d channel tables written with format(%s) (%.0f ms)",
         batch_id,
@@ -256,18 +271,21 @@ def start_fanout(
         if channel_format is None
         else f"by Spark's writer, format({channel_format})",
     )
+    notices = NoticeWriter(warehouse.root, "fanout")
     if channel_format is None:
         sinks = ChannelSinks(warehouse)
 
         def each_batch(df: DataFrame, batch_id: int) -> None:
-            fanout_batch(df, batch_id, registry_reader, sinks)
+            fanout_batch(df, batch_id, registry_reader, sinks, notices)
 
     else:
         format_name = channel_format
         created: set[tuple[str, int]] = set()
 
         def each_batch(df: DataFrame, batch_id: int) -> None:
-            fanout_batch_by_spark(df, batch_id, registry_reader, warehouse, format_name, created)
+            fanout_batch_by_spark(
+                df, batch_id, registry_reader, warehouse, format_name, created, notices
+            )
 
     location = checkpoint_location(spark, checkpoint or f"{warehouse.checkpoints_root}/fanout")
     if not checkpoint_has_batches(spark, location):

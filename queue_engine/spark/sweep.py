@@ -43,6 +43,7 @@ from queue_engine.state_fold import (
 )
 from queue_engine.store.commit_log import AddedFile, added_files, latest_version
 from queue_engine.store.maintenance import Maintenance
+from queue_engine.store.notices import NoticeWriter
 from queue_engine.store.registry_store import RegistryReader
 from queue_engine.store.state import (
     SWEEP_WRITER,
@@ -267,6 +268,7 @@ def sweep(
     else:
         tell(f"sweep: folding {len(plans)} channels in a Spark job")
         results = _fold_with_spark(spark, plans, now, parallelism)
+    timed_out: list[tuple[str, str]] = []
     for n, (p, rows) in enumerate(zip(plans, results, strict=True), 1):
         tell(f"sweep: committing channel {n} of {len(plans)}")
         live, timeouts, finished = _commit_channel(p, rows, now, started)
@@ -274,6 +276,10 @@ def sweep(
         report.live += live
         report.timeouts += timeouts
         report.finished += finished
+        if timeouts:
+            timed_out.append((p.topic, p.channel))
+    # The nodes serving these channels read the TIMEOUT commits now rather than later.
+    NoticeWriter(warehouse.root, "sweep").post(timed_out)
     if maintenance is not None:
         tell(f"sweep: upkeep of {len(plans)} channels' tables")
         for p in plans:

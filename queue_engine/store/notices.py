@@ -1,0 +1,193 @@
+"""Which channels changed: notes the fanout and the sweep leave for the API nodes.
+
+Channel tables are appended by the fanout and ledgers by the sweep, both in other processes.
+Instead of every node probing every channel's table (ten thousand channels: thousands of file
+checks a second while idle, or thousands of LIST requests on an object store), each of those
+writers keeps one small object, ``_deltaq/notices/<writer>.json``, naming the channels it
+wrote in its last batches. A node reads that object when it changed (one stat, or one HEAD on
+an object store, per poll) and looks at those channels only.
+
+Notices are hints, never data: the object is overwritten in place (a plain PUT, a rename on
+local disk), a writer that fails to post one only logs it, and a node still looks at every
+channel now and then, so a lost notice costs latency, never a message.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from queue_engine.store.object_store import is_remote, store_and_key
+
+log = logging.getLogger(__name__)
+
+NOTICES_DIR = "_deltaq/notices"
+# Writers whose notices a node follows.
+WRITERS = ("fanout", "sweep")
+# A notice object names at most this many batches and channels: a node further behind than
+# that (or reading a writer that restarted) looks at every channel once.
+KEEP_BATCHES = 64
+KEEP_CHANNELS = 20_000
+
+Channel = tuple[str, str]
+
+
+def notice_url(root: str, writer: str) -> str:
+    return f"{root.rstrip('/')}/{NOTICES_DIR}/{writer}.json"
+
+
+class NoticeWriter:
+    """Posts, after each batch a writer committed, the channels that batch wrote.
+
+    One writer of a kind at a time (one fanout, one sweep per warehouse): a new one continues
+    the numbering of the notice it finds, so a sweep run from cron every minute is followed
+    like a long-running one.
+    """
+
+    def __init__(self, root: str, writer: str) -> None:
+        self.url = notice_url(root, writer)
+        self.run = uuid.uuid4().hex
+        self.seq = 0
+        self._recent: deque[tuple[int, list[Channel]]] = deque()
+        try:
+            body = _read(self.url)
+            if body is not None:
+                notice = json.loads(body)
+                self.run, self.seq = str(notice["run"]), int(notice["seq"])
+                for seq, chans in notice["batches"]:
+                    self._recent.append((int(seq), [(t, c) for t, c in chans]))
+        except Exception as exc:
+            # Readers see a new run and look at every channel once.
+            log.warning("%s: previous notice not read, starting a new one: %s", self.url, exc)
+        self._count = sum(len(chans) for _, chans in self._recent)
+
+    def post(self, channels: Iterable[Channel]) -> None:
+        """Publish the channels one batch wrote (after its commits). Never raises."""
+        batch = sorted(set(channels))
+        if not batch:
+            return
+        self.seq += 1
+        self._recent.append((self.seq, batch))
+        self._count += len(batch)
+        while len(self._recent) > 1 and (
+            len(self._recent) > KEEP_BATCHES or self._count > KEEP_CHANNELS
+        ):
+            self._count -= len(self._recent.popleft()[1])
+        body = json.dumps(
+            {
+                "run": self.run,
+                "seq": self.seq,
+                "batches": [[seq, [list(c) for c in chans]] for seq, chans in self._recent],
+            },
+            separators=(",", ":"),
+        ).encode()
+        try:
+            _write(self.url, body)
+        except Exception as exc:
+            log.warning("%s: notice not posted (nodes find the change later): %s", self.url, exc)
+
+
+class NoticeReader:
+    """Follows the notices of ``writers``: ``changes()`` says which channels changed since
+    the previous call, or None for "any channel may have changed" (first call, a writer that
+    restarted or ran further ahead than its notice keeps)."""
+
+    def __init__(self, root: str, writers: Iterable[str] = WRITERS) -> None:
+        self._followed = [_Followed(notice_url(root, w)) for w in writers]
+        self._first = True
+
+    def changes(self) -> set[Channel] | None:
+        changed: set[Channel] = set()
+        everything = self._first
+        self._first = False
+        for followed in self._followed:
+            try:
+                found = followed.changes()
+            except Exception as exc:
+                log.debug("%s: notice not read: %s", followed.url, exc)
+                continue
+            if found is None:
+                everything = True
+            else:
+                changed |= found
+        return None if everything else changed
+
+
+@dataclass
+class _Followed:
+    url: str
+    stamp: object = None
+    run: str = ""
+    seq: int = 0
+
+    def changes(self) -> set[Channel] | None:
+        stamp = _stamp(self.url)
+        if stamp == self.stamp:
+            return set()
+        body = _read(self.url)
+        self.stamp = stamp
+        if body is None:
+            return set()
+        notice = json.loads(body)
+        batches = [(int(seq), chans) for seq, chans in notice["batches"]]
+        known_run, known_seq = self.run, self.seq
+        self.run, self.seq = str(notice["run"]), int(notice["seq"])
+        # known_run "": there was no notice when last looked, so this run's first is news.
+        if known_run not in ("", self.run) or not batches or batches[0][0] > known_seq + 1:
+            return None
+        if known_run != self.run:
+            known_seq = 0
+        return {(t, c) for seq, chans in batches if seq > known_seq for t, c in chans}
+
+
+def _stamp(url: str) -> object:
+    """What changes whenever the object is replaced (None: there is none)."""
+    if is_remote(url):
+        import obstore
+
+        store, key = store_and_key(url)
+        try:
+            return obstore.head(store, key)["e_tag"]
+        except FileNotFoundError:
+            return None
+    try:
+        st = os.stat(url)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _read(url: str) -> bytes | None:
+    if is_remote(url):
+        import obstore
+
+        store, key = store_and_key(url)
+        try:
+            return bytes(obstore.get(store, key).bytes())
+        except FileNotFoundError:
+            return None
+    try:
+        with open(url, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def _write(url: str, body: bytes) -> None:
+    if is_remote(url):
+        import obstore
+
+        store, key = store_and_key(url)
+        obstore.put(store, key, body)
+        return
+    os.makedirs(os.path.dirname(url), exist_ok=True)
+    # A new inode each time: readers tell versions apart by it, and never see half a file.
+    temporary = f"{url}.{uuid.uuid4().hex}.tmp"
+    with open(temporary, "wb") as f:
+        f.write(body)
+    os.replace(temporary, url)
