@@ -9,6 +9,8 @@
 - ``spark.readStream.format("deltaq").load(path)``: offsets are Delta versions; each micro-batch
   reads only the files that versions (start, end] added, skipping compaction commits; read
   limit ``maxFilesPerTrigger``; supports Trigger.AvailableNow.
+- ``.option("kind", "channels")`` / ``"topic_counts"``: one batch read over many channel tables
+  or every topic's row count, for the SQL views (queue_engine/spark/channel_tables.py).
 - ``.option("warehouse", W).option("kind", "topics")``: one stream over every topic of a deltaq
   warehouse (the fanout's source); the offset is a version per topic, new topics join as they
   are created, paused topics do not advance, and rows carry ``topic`` and ``topic_version``.
@@ -58,6 +60,12 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from queue_engine.registry import Registry
+from queue_engine.spark.channel_tables import (
+    TOPIC_COUNTS_SCHEMA,
+    ChannelTablesReader,
+    TopicCountsReader,
+    channels_schema,
+)
 from queue_engine.store.append import file_stats_json
 from queue_engine.store.commit_log import (
     AddedFilesCache,
@@ -119,11 +127,21 @@ class DeltaqDataSource(DataSource):
         return str(self.options.get("kind", "table")) == "topics"
 
     def schema(self) -> StructType:
+        kind = str(self.options.get("kind", "table"))
         if self._topics_stream():
             return from_arrow_schema(TOPICS_STREAM_SCHEMA)
+        if kind == "channels":
+            return from_arrow_schema(channels_schema(self.options))
+        if kind == "topic_counts":
+            return from_arrow_schema(TOPIC_COUNTS_SCHEMA)
         return from_arrow_schema(_arrow_schema(self.options["path"]))
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        kind = str(self.options.get("kind", "table"))
+        if kind == "channels":
+            return ChannelTablesReader(self.options)
+        if kind == "topic_counts":
+            return TopicCountsReader(self.options)
         return TableReader(
             self.options["path"],
             int(self.options.get("filesPerPartition", DEFAULT_FILES_PER_PARTITION)),

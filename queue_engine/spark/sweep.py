@@ -41,7 +41,7 @@ from queue_engine.state_fold import (
     message_input,
     state_input,
 )
-from queue_engine.store.commit_log import AddedFile, added_files, latest_version
+from queue_engine.store.commit_log import AddedFile, added_files, commit_info, latest_version
 from queue_engine.store.maintenance import Maintenance
 from queue_engine.store.notices import NoticeWriter
 from queue_engine.store.registry_store import RegistryReader
@@ -49,9 +49,9 @@ from queue_engine.store.state import (
     SWEEP_WRITER,
     WRITER_KEY,
     StateMeta,
-    read_meta,
     write_state,
 )
+from queue_engine.store.sweep_marks import Mark, Marks, current_meta, load_marks, save_marks
 from queue_engine.store.tables import (
     CHANNEL_MESSAGES_SCHEMA,
     LEDGER_SCHEMA,
@@ -79,6 +79,7 @@ class ChannelPlan:
     index: int
     topic: str
     channel: str
+    created_at_us: int
     state_path: str
     messages_path: str
     ledger_path: str
@@ -104,16 +105,28 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
-def plan(warehouse: Warehouse, now: int, *, force: bool = False) -> tuple[list[ChannelPlan], int]:
-    """The channels to sweep now, and how many were skipped (nothing new, nothing due)."""
+def plan(
+    warehouse: Warehouse, now: int, *, force: bool = False, marks: Marks | None = None
+) -> tuple[list[ChannelPlan], int]:
+    """The channels to sweep now, and how many were skipped (nothing new, nothing due).
+
+    ``marks`` (queue_engine.store.sweep_marks) spare opening the state table of a channel
+    whose state did not change since the marks were written; on return they hold every
+    channel's current mark (the plans' channels are marked again by ``sweep``)."""
     registry = RegistryReader(warehouse.registry_path).get()
     plans: list[ChannelPlan] = []
     skipped = 0
+    known = dict(marks or {})
+    if marks is not None:
+        marks.clear()
     for topic in sorted(registry.topics.values(), key=lambda t: t.name):
         for channel in sorted(topic.channels):
             root = warehouse.channel_root(topic.name, channel)
             state_path = warehouse.channel_state_path(topic.name, channel)
-            meta = read_meta(state_path)
+            created = topic.channels[channel].created_at_us
+            meta = current_meta(known.get((topic.name, channel)), created, state_path)
+            if meta is not None and marks is not None:
+                marks[(topic.name, channel)] = Mark(created, meta)
             # The ledger's version is taken before the channel table's: every event up to it
             # refers to a message whose row is in the channel table by then.
             ledger_version = latest_version(f"{root}/ledger", meta.ledger_version if meta else -1)
@@ -137,6 +150,7 @@ def plan(warehouse: Warehouse, now: int, *, force: bool = False) -> tuple[list[C
                     len(plans),
                     topic.name,
                     channel,
+                    created,
                     state_path,
                     f"{root}/messages",
                     f"{root}/ledger",
@@ -253,9 +267,11 @@ def sweep(
     tell = progress or (lambda _: None)
     now = now_us() if now is None else now
     tell("sweep: planning")
-    plans, skipped = plan(warehouse, now, force=force)
+    marks = load_marks(warehouse.root)
+    plans, skipped = plan(warehouse, now, force=force, marks=marks)
     report = SweepReport(channels_skipped=skipped)
     if not plans:
+        save_marks(warehouse.root, marks)
         _retain(warehouse, retention, now, report, tell)
         report.seconds = time.perf_counter() - started
         return report
@@ -271,7 +287,9 @@ def sweep(
     timed_out: list[tuple[str, str]] = []
     for n, (p, rows) in enumerate(zip(plans, results, strict=True), 1):
         tell(f"sweep: committing channel {n} of {len(plans)}")
-        live, timeouts, finished = _commit_channel(p, rows, now, started)
+        live, timeouts, finished, written = _commit_channel(p, rows, now, started)
+        if written is not None:
+            marks[(p.topic, p.channel)] = Mark(p.created_at_us, written)
         report.channels_swept += 1
         report.live += live
         report.timeouts += timeouts
@@ -280,6 +298,7 @@ def sweep(
             timed_out.append((p.topic, p.channel))
     # The nodes serving these channels read the TIMEOUT commits now rather than later.
     NoticeWriter(warehouse.root, "sweep").post(timed_out)
+    save_marks(warehouse.root, marks)
     if maintenance is not None:
         tell(f"sweep: upkeep of {len(plans)} channels' tables")
         for p in plans:
@@ -415,8 +434,9 @@ def _ledger_after(p: ChannelPlan) -> int:
 
 def _commit_channel(
     p: ChannelPlan, rows: pa.Table, now: int, started: float
-) -> tuple[int, int, int]:
-    """Write one channel's TIMEOUTs, then its state. Returns (live, timeouts, finished)."""
+) -> tuple[int, int, int, StateMeta | None]:
+    """Write one channel's TIMEOUTs, then its state. Returns (live, timeouts, finished, the
+    meta as committed, None if another commit landed on the state table meanwhile)."""
     timed_out = rows.filter(rows["swept_timeout"])
     ledger_version = p.ledger_version
     if timed_out.num_rows:
@@ -461,8 +481,10 @@ def _commit_channel(
         swept_at_us=now,
         sweep_seconds=time.perf_counter() - started,
     )
-    write_state(p.state_path, live, meta)
-    return live.num_rows, timed_out.num_rows, done.num_rows
+    version = write_state(p.state_path, live, meta)
+    committed = StateMeta.from_commit_info(commit_info(p.state_path, version) or {}, version)
+    written = committed if committed is not None and committed.swept_at_us == now else None
+    return live.num_rows, timed_out.num_rows, done.num_rows, written
 
 
 def _next_due(live: pa.Table) -> int | None:

@@ -22,26 +22,21 @@ the channel tables, the ledgers, and the state each channel's sweep had written 
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable
 from datetime import UTC, datetime
-from functools import reduce
 
-import pyarrow as pa
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from queue_engine.registry import Registry
-from queue_engine.spark.session import read_format, register
+from queue_engine.spark.channel_tables import TABLE_SCHEMAS, TOPIC_COUNTS_SCHEMA, with_names
+from queue_engine.spark.session import register
 from queue_engine.store.registry_store import events_from_table
-from queue_engine.store.state import STATE_SCHEMA, StateMeta, meta_of
-from queue_engine.store.tables import (
-    CHANNEL_MESSAGES_SCHEMA,
-    DEAD_LETTER_SCHEMA,
-    LEDGER_SCHEMA,
-    Warehouse,
-)
+from queue_engine.store.state import StateMeta, meta_of
+from queue_engine.store.sweep_marks import current_meta, load_marks
+from queue_engine.store.tables import Warehouse
 
 log = logging.getLogger(__name__)
 
@@ -73,45 +68,46 @@ def _registry(warehouse: Warehouse, as_of: datetime | None) -> Registry:
     return Registry.fold(events_from_table(dt.to_pyarrow_table()))
 
 
-def _empty(spark: SparkSession, schema: pa.Schema) -> DataFrame:
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    frame: DataFrame = spark.createDataFrame([], schema=from_arrow_schema(schema))
-    return frame
-
-
-def _with_names(schema: pa.Schema) -> pa.Schema:
-    return pa.schema([pa.field("topic", pa.string()), pa.field("channel", pa.string()), *schema])
-
-
-def _union(
+def _channel_tables(
     spark: SparkSession,
+    warehouse: Warehouse,
     channels: list[tuple[str, str]],
-    path_of: Callable[[str, str], str],
-    schema: pa.Schema,
+    table: str,
     as_of: datetime | None,
 ) -> DataFrame:
-    frames: list[DataFrame] = []
-    table_format = read_format(spark)
-    for topic, channel in channels:
-        dt = _table(path_of(topic, channel), as_of)
-        if dt is None:
-            continue
-        df = (
-            spark.read.format(table_format)
-            .option("versionAsOf", str(dt.version()))
-            .load(path_of(topic, channel))
-        )
-        frames.append(
-            df.select(
-                F.lit(topic).alias("topic"),
-                F.lit(channel).alias("channel"),
-                *[F.col(name) for name in schema.names],
-            )
-        )
-    if not frames:
-        return _empty(spark, _with_names(schema))
-    return reduce(DataFrame.unionByName, frames)
+    """One kind of table of every channel, as one scan (queue_engine/spark/channel_tables)."""
+    reader = (
+        spark.read.format("deltaq")
+        .schema(from_arrow_schema(with_names(TABLE_SCHEMAS[table])))
+        .option("kind", "channels")
+        .option("table", table)
+        .option("warehouse", warehouse.root)
+        .option("channels", json.dumps(channels))
+    )
+    if as_of is not None:
+        reader = reader.option("timestampAsOf", as_of.isoformat())
+    return reader.load()
+
+
+def _sweep_metas(
+    warehouse: Warehouse, registry: Registry, as_of: datetime | None
+) -> list[tuple[str, str, StateMeta]]:
+    """Each channel's newest sweep meta (as of ``as_of``): from the sweep's marks where they
+    still describe the state table (a probe), else from the table's history."""
+    marks = load_marks(warehouse.root) if as_of is None else {}
+    metas = []
+    for info in sorted(registry.topics.values(), key=lambda t: t.name):
+        for name in sorted(info.channels):
+            path = warehouse.channel_state_path(info.name, name)
+            if as_of is None:
+                mark = marks.get((info.name, name))
+                meta = current_meta(mark, info.channels[name].created_at_us, path)
+            else:
+                dt = _table(path, as_of)
+                meta = meta_of(dt) if dt is not None else None
+            if meta is not None:
+                metas.append((info.name, name, meta))
+    return metas
 
 
 def register_views(
@@ -124,19 +120,24 @@ def register_views(
     registry = _registry(wh, when)
     channels = sorted((t.name, c) for t in registry.topics.values() for c in t.channels)
 
-    topic_rows = []
-    for t in sorted(registry.topics.values(), key=lambda t: t.name):
-        dt = _table(wh.topic_path(t.name), when)
-        count = 0
-        if dt is not None:
-            actions = pa.table(dt.get_add_actions(flatten=True))
-            count = sum(int(n or 0) for n in actions["num_records"].to_pylist())
-        topic_rows.append((t.name, _ts(t.created_at_us), t.paused, len(t.channels), count))
     spark.createDataFrame(
-        topic_rows,
-        "topic string, created_at timestamp, paused boolean, channel_count long, "
-        "message_count long",
-    ).createOrReplaceTempView("topics")
+        [
+            (t.name, _ts(t.created_at_us), t.paused, len(t.channels))
+            for t in sorted(registry.topics.values(), key=lambda t: t.name)
+        ],
+        "topic string, created_at timestamp, paused boolean, channel_count long",
+    ).createOrReplaceTempView("_deltaq_topics")
+    counts = (
+        spark.read.format("deltaq")
+        .schema(from_arrow_schema(TOPIC_COUNTS_SCHEMA))
+        .option("kind", "topic_counts")
+        .option("warehouse", wh.root)
+        .option("topics", json.dumps(sorted(registry.topics)))
+    )
+    if when is not None:
+        counts = counts.option("timestampAsOf", when.isoformat())
+    counts.load().createOrReplaceTempView("_deltaq_topic_counts")
+    spark.sql(_TOPICS).createOrReplaceTempView("topics")
 
     channel_rows = [
         (t.name, c.name, _ts(c.created_at_us), c.paused, c.ephemeral)
@@ -148,27 +149,16 @@ def register_views(
         "topic string, channel string, created_at timestamp, paused boolean, ephemeral boolean",
     ).createOrReplaceTempView("channels")
 
-    _union(
-        spark, channels, wh.channel_messages_path, CHANNEL_MESSAGES_SCHEMA, when
-    ).createOrReplaceTempView("messages")
-    _union(spark, channels, wh.channel_ledger_path, LEDGER_SCHEMA, when).createOrReplaceTempView(
-        "ledger"
-    )
-    _union(spark, channels, wh.channel_state_path, STATE_SCHEMA, when).createOrReplaceTempView(
-        "state"
-    )
-
-    _union(spark, channels, wh.channel_dead_path, DEAD_LETTER_SCHEMA, when).createOrReplaceTempView(
-        "_deltaq_dead"
-    )
+    for view, table in (
+        ("messages", "messages"),
+        ("ledger", "ledger"),
+        ("state", "state"),
+        ("_deltaq_dead", "dead"),
+    ):
+        _channel_tables(spark, wh, channels, table, when).createOrReplaceTempView(view)
     spark.sql(_DEAD_LETTERS).createOrReplaceTempView("dead_letters")
 
-    metas: list[tuple[str, str, StateMeta]] = []
-    for topic, channel in channels:
-        dt = _table(wh.channel_state_path(topic, channel), when)
-        meta = meta_of(dt) if dt is not None else None
-        if meta is not None:
-            metas.append((topic, channel, meta))
+    metas = _sweep_metas(wh, registry, when)
     spark.createDataFrame(
         [(t, c, _ts(m.swept_at_us), m.finished_requeues, m.finished_timeouts) for t, c, m in metas],
         "topic string, channel string, swept_at timestamp, finished_requeues long, "
@@ -181,6 +171,12 @@ def register_views(
 def _ts(us: int) -> datetime:
     return datetime.fromtimestamp(us / 1_000_000, tz=UTC)
 
+
+_TOPICS = """
+SELECT r.topic, r.created_at, r.paused, r.channel_count,
+  COALESCE(c.message_count, 0) AS message_count
+FROM _deltaq_topics r LEFT JOIN _deltaq_topic_counts c ON c.topic = r.topic
+"""
 
 # A dead-letter row counts only with its ledger DEAD event (same id and time): a row written
 # before a crash that lost its event is not a dead letter (the message died again later).

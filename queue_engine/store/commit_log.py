@@ -49,6 +49,8 @@ def latest_version(root: str, known: int = -1) -> int:
     Returns -1 if the table does not exist.
     """
     if known < 0:
+        if "://" not in root and not os.path.isdir(f"{root}/_delta_log"):
+            return -1  # no table (yet): not worth asking delta-rs
         try:
             return int(DeltaTable(root).version())
         except Exception:

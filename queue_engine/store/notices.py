@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from queue_engine.store.object_store import is_remote, store_and_key
+from queue_engine.store.object_store import is_remote, read_whole, replace_whole, store_and_key
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class NoticeWriter:
         self.seq = 0
         self._recent: deque[tuple[int, list[Channel]]] = deque()
         try:
-            body = _read(self.url)
+            body = read_whole(self.url)
             if body is not None:
                 notice = json.loads(body)
                 self.run, self.seq = str(notice["run"]), int(notice["seq"])
@@ -87,7 +87,7 @@ class NoticeWriter:
             separators=(",", ":"),
         ).encode()
         try:
-            _write(self.url, body)
+            replace_whole(self.url, body)
         except Exception as exc:
             log.warning("%s: notice not posted (nodes find the change later): %s", self.url, exc)
 
@@ -129,7 +129,7 @@ class _Followed:
         stamp = _stamp(self.url)
         if stamp == self.stamp:
             return set()
-        body = _read(self.url)
+        body = read_whole(self.url)
         self.stamp = stamp
         if body is None:
             return set()
@@ -160,34 +160,3 @@ def _stamp(url: str) -> object:
     except FileNotFoundError:
         return None
     return (st.st_ino, st.st_mtime_ns, st.st_size)
-
-
-def _read(url: str) -> bytes | None:
-    if is_remote(url):
-        import obstore
-
-        store, key = store_and_key(url)
-        try:
-            return bytes(obstore.get(store, key).bytes())
-        except FileNotFoundError:
-            return None
-    try:
-        with open(url, "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
-
-
-def _write(url: str, body: bytes) -> None:
-    if is_remote(url):
-        import obstore
-
-        store, key = store_and_key(url)
-        obstore.put(store, key, body)
-        return
-    os.makedirs(os.path.dirname(url), exist_ok=True)
-    # A new inode each time: readers tell versions apart by it, and never see half a file.
-    temporary = f"{url}.{uuid.uuid4().hex}.tmp"
-    with open(temporary, "wb") as f:
-        f.write(body)
-    os.replace(temporary, url)

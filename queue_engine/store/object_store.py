@@ -192,3 +192,32 @@ def newest_commit_after(table_url: str, known: int) -> int:
     while version + 1 in found:
         version += 1
     return version
+
+
+def read_whole(url: str) -> bytes | None:
+    """A small object or local file, whole (None: there is none)."""
+    if is_remote(url):
+        return read_object(url)
+    try:
+        with open(url, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def replace_whole(url: str, body: bytes) -> None:
+    """Write a small object or local file in one piece, replacing what was there: a plain PUT,
+    or a new file renamed over the old one. For hints and caches that readers check against
+    the tables, never for commits (those are put-if-absent)."""
+    if is_remote(url):
+        import obstore
+
+        store, key = store_and_key(url)
+        obstore.put(store, key, body)
+        return
+    os.makedirs(os.path.dirname(url), exist_ok=True)
+    # A new inode each time: readers never see half a file, and tell versions apart.
+    temporary = f"{url}.{uuid.uuid4().hex}.tmp"
+    with open(temporary, "wb") as f:
+        f.write(body)
+    os.replace(temporary, url)
