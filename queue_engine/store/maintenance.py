@@ -9,6 +9,8 @@ are behind by less than that never find their files gone.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -76,6 +78,10 @@ class Maintenance:
         self.policy = policy
         self._on_checkpoint = on_checkpoint
         self._tables: dict[str, _Upkeep] = {}
+        # When each table is next probed (stale entries of unwatched tables are dropped when
+        # due): a round visits only the tables due, not every table watched.
+        self._schedule: list[tuple[float, int, str, _Upkeep]] = []
+        self._scheduled = itertools.count()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="deltaq-maintenance", daemon=True)
@@ -87,7 +93,9 @@ class Maintenance:
 
     def watch(self, path: str) -> None:
         with self._lock:
-            self._tables.setdefault(path, _Upkeep(last_vacuum_s=time.monotonic()))
+            if path not in self._tables:
+                upkeep = self._tables[path] = _Upkeep(last_vacuum_s=time.monotonic())
+                heapq.heappush(self._schedule, (0.0, next(self._scheduled), path, upkeep))
 
     def unwatch(self, path: str) -> None:
         with self._lock:
@@ -100,19 +108,23 @@ class Maintenance:
 
     def _run(self) -> None:
         while not self._stop.wait(self.policy.interval_ms / 1000):
-            with self._lock:
-                tables = list(self._tables.items())
             now = time.monotonic()
-            for path, upkeep in tables:
-                if self._stop.is_set():
-                    return
-                if now < upkeep.next_probe_s:
-                    continue
+            while not self._stop.is_set():
+                with self._lock:
+                    if not self._schedule or self._schedule[0][0] > now:
+                        break
+                    _, _, path, upkeep = heapq.heappop(self._schedule)
+                    if self._tables.get(path) is not upkeep:
+                        continue  # unwatched since
                 try:
                     self.upkeep(path, upkeep)
                 except Exception:
                     # A table deleted meanwhile, or a transient storage error: next round.
                     log.warning("maintenance of %s failed", path, exc_info=True)
+                with self._lock:
+                    if self._tables.get(path) is upkeep:
+                        at = max(upkeep.next_probe_s, now + self.policy.interval_ms / 1000)
+                        heapq.heappush(self._schedule, (at, next(self._scheduled), path, upkeep))
 
     def upkeep(self, path: str, upkeep: _Upkeep | None = None) -> None:
         """One round of upkeep for one table (public so tests and jobs can force it)."""
