@@ -60,7 +60,7 @@ def _as_of(options: Any) -> datetime | None:
     return None if value is None else datetime.fromisoformat(str(value).replace("Z", "+00:00"))
 
 
-def _open(path: str, as_of: datetime | None) -> DeltaTable | None:
+def open_as_of(path: str, as_of: datetime | None) -> DeltaTable | None:
     """The table at ``path`` (as of ``as_of``); None if it did not exist (then)."""
     if "://" not in path and not os.path.isdir(f"{path}/_delta_log"):
         return None  # no table: not worth asking delta-rs
@@ -89,7 +89,7 @@ class ChannelTablesReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         files: list[tuple[str, int]] = []
         for n, (topic, channel) in enumerate(self.channels):
-            dt = _open(self._path(topic, channel), self.as_of)
+            dt = open_as_of(self._path(topic, channel), self.as_of)
             if dt is not None:
                 files.extend((uri, n) for uri in dt.file_uris())
         groups = [
@@ -135,7 +135,7 @@ class TopicCountsReader(DataSourceReader):
         names: list[str] = []
         counts: list[int] = []
         for topic in partition.value:
-            dt = _open(self.warehouse.topic_path(topic), self.as_of)
+            dt = open_as_of(self.warehouse.topic_path(topic), self.as_of)
             count = 0
             if dt is not None:
                 actions = pa.table(dt.get_add_actions(flatten=True))

@@ -26,12 +26,16 @@ import json
 import logging
 from datetime import UTC, datetime
 
-from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from queue_engine.registry import Registry
-from queue_engine.spark.channel_tables import TABLE_SCHEMAS, TOPIC_COUNTS_SCHEMA, with_names
+from queue_engine.spark.channel_tables import (
+    TABLE_SCHEMAS,
+    TOPIC_COUNTS_SCHEMA,
+    open_as_of,
+    with_names,
+)
 from queue_engine.spark.session import register
 from queue_engine.store.registry_store import events_from_table
 from queue_engine.store.state import StateMeta, meta_of
@@ -50,19 +54,8 @@ def _parse(as_of: str | datetime | None) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def _table(path: str, as_of: datetime | None) -> DeltaTable | None:
-    """The table at ``path`` as of ``as_of`` (None: it did not exist then)."""
-    try:
-        dt = DeltaTable(path)
-        if as_of is not None:
-            dt.load_as_version(as_of)
-    except Exception:
-        return None
-    return dt
-
-
 def _registry(warehouse: Warehouse, as_of: datetime | None) -> Registry:
-    dt = _table(warehouse.registry_path, as_of)
+    dt = open_as_of(warehouse.registry_path, as_of)
     if dt is None:
         return Registry()
     return Registry.fold(events_from_table(dt.to_pyarrow_table()))
@@ -103,7 +96,7 @@ def _sweep_metas(
                 mark = marks.get((info.name, name))
                 meta = current_meta(mark, info.channels[name].created_at_us, path)
             else:
-                dt = _table(path, as_of)
+                dt = open_as_of(path, as_of)
                 meta = meta_of(dt) if dt is not None else None
             if meta is not None:
                 metas.append((info.name, name, meta))
