@@ -23,6 +23,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.INVALID_ARG_CHANNEL: 400,
     ErrorCode.INVALID_OPTION: 400,
     ErrorCode.INVALID_VALUE: 400,
+    ErrorCode.INVALID_NODE: 400,
     ErrorCode.MSG_EMPTY: 400,
     ErrorCode.INVALID_DEFER: 400,
     ErrorCode.INVALID_MAX_ATTEMPTS: 400,

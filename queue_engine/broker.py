@@ -426,6 +426,54 @@ class Broker:
             self.registry.existing_channel(topic, channel)
             await self._record(Action.CHANNEL_EMPTY, topic, channel)
 
+    async def move_channel(self, topic: str, channel: str, lane: int) -> str:
+        """Hand the channel to the live node in ``lane``; returns that node's URL.
+
+        Only the owner may move a channel (elsewhere: ChannelElsewhereError, so the call is
+        redirected to it). The owner stops the channel first, so its last ledger commits land
+        before the claim naming the new owner does; that node then restores the channel from
+        the tables as a restart would. Waiting SUBs answer empty and TCP consumers of the
+        channel are disconnected (as nsqd does when a channel goes); their leases stay in the
+        ledger, so what they hold is FIN'd at the new owner or times out there."""
+        if self.node is None or self._ownership is None or self._directory is None:
+            raise QueueError(
+                ErrorCode.INVALID_REQUEST, "this node is alone on its warehouse: nowhere to move"
+            )
+        me = self.node.record
+        assert me is not None
+        target = (await asyncio.to_thread(self._directory.fresh)).get(lane)
+        if target is None:
+            raise QueueError(ErrorCode.INVALID_NODE, f"no live node in lane {lane}", param="node")
+        if target.lane == me.lane:
+            await self._runtime(topic, channel)
+            return me.http_url
+        for _ in range(_RACE_RETRIES):
+            await self._runtime(topic, channel)  # elsewhere: redirected to the owner
+            async with self._admin:
+                self.registry.existing_channel(topic, channel)
+                if (topic, channel) not in self._channels:
+                    continue  # moved or deleted while this call waited its turn: ask again
+                await self._close_channel(topic, channel)
+                if not await asyncio.to_thread(self._hand_over, topic, channel, target):
+                    raise QueueError(
+                        ErrorCode.INTERNAL_ERROR, f"could not hand over {topic}/{channel}"
+                    )
+                self._elsewhere[(topic, channel)] = target.http_url
+                log.info("node %d moved channel %s/%s to node %d", me.lane, topic, channel, lane)
+                try:
+                    await self._record(
+                        Action.CHANNEL_MOVE,
+                        topic,
+                        channel,
+                        options={"lane": target.lane, "http_url": target.http_url},
+                    )
+                except Exception:
+                    # The claim is the move; the event only hastens it (the new owner's
+                    # watch finds the claim within WATCH_INTERVAL_S * 10 otherwise).
+                    log.exception("recording the move of %s/%s failed", topic, channel)
+                return target.http_url
+        raise QueueError(ErrorCode.INTERNAL_ERROR, f"could not move {topic}/{channel}")
+
     # -- consuming ------------------------------------------------------------------------
 
     async def subscribe(
@@ -514,6 +562,7 @@ class Broker:
             claim = self._ownership.current(topic, channel)
             if claim is not None and claim.lane is not None:
                 if claim.lane == me.lane and claim.token == me.token:
+                    self._elsewhere.pop((topic, channel), None)
                     return None
                 # The live nodes are read after the claim: a node that made the claim joined
                 # before it, so a fresh view names it if it still lives.
@@ -527,6 +576,12 @@ class Broker:
                 self._elsewhere.pop((topic, channel), None)
                 return None
         raise QueueError(ErrorCode.INTERNAL_ERROR, f"could not take {topic}/{channel}")
+
+    def _hand_over(self, topic: str, channel: str, target: NodeRecord) -> bool:
+        """Claim the channel for ``target`` (this node owns it: no other claim comes first)."""
+        assert self._ownership is not None
+        claim = self._ownership.current(topic, channel)
+        return self._ownership.claim(topic, channel, claim, target)
 
     def live_nodes(self) -> dict[int, NodeRecord]:
         """The warehouse's live nodes, read now."""
@@ -900,6 +955,25 @@ class Broker:
             was = old_topic.channels.get(channel) if old_topic is not None else None
             if was is not None and was.paused and not info.channels[channel].paused:
                 await runtime.wake()
+        await self._follow_moves(before, after)
+
+    async def _follow_moves(self, before: Registry, after: Registry) -> None:
+        """Channels an admin moved since ``before``: open those moved here, note where the
+        others went (for /stats)."""
+        me = self.node.record if self.node is not None else None
+        if me is None:
+            return
+        for name, info in after.topics.items():
+            old = before.topics.get(name)
+            for channel, state in info.channels.items():
+                was = old.channels.get(channel) if old is not None else None
+                if state.moved_to is None or (was is not None and was.moved_seq == state.moved_seq):
+                    continue
+                if state.moved_to != me.lane:
+                    if (name, channel) not in self._channels:
+                        self._elsewhere[(name, channel)] = str(state.moved_to_url)
+                elif (name, channel) not in self._channels and not self._closing:
+                    await self._open_if_ours(name, channel)
 
     async def _run_watch(self) -> None:
         """Every WATCH_INTERVAL_S: follow registry events of other nodes; when a node died

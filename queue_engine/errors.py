@@ -20,6 +20,8 @@ class ErrorCode(StrEnum):
     # GET/PUT /config/<option>.
     INVALID_OPTION = "INVALID_OPTION"
     INVALID_VALUE = "INVALID_VALUE"
+    # POST /channel/move: no live node in that lane.
+    INVALID_NODE = "INVALID_NODE"
     MSG_EMPTY = "MSG_EMPTY"
     MSG_TOO_BIG = "MSG_TOO_BIG"
     BODY_TOO_BIG = "BODY_TOO_BIG"

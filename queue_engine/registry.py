@@ -31,6 +31,10 @@ class Action(StrEnum):
     CHANNEL_EMPTY = "channel_empty"
     # Per-channel settings (``options``: max_attempts; null values mean "the default").
     CHANNEL_CONFIGURE = "channel_configure"
+    # An admin handed the channel to another node (``options``: lane, http_url). Ownership
+    # itself is the claim in _deltaq/owners; this event tells the nodes at once, and keeps
+    # the move in the registry's history.
+    CHANNEL_MOVE = "channel_move"
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,10 @@ class ChannelInfo:
     emptied_at_us: int | None = None
     # Deliveries before a message is dead-lettered (None: the settings' max_attempts).
     max_attempts: int | None = None
+    # The last admin move: its registry seq, and the lane and URL of the node it went to.
+    moved_seq: int = -1
+    moved_to: int | None = None
+    moved_to_url: str | None = None
 
     @property
     def ephemeral(self) -> bool:
@@ -153,6 +161,11 @@ class Registry:
                         topic.drained_version = max(topic.drained_version, event.topic_version)
                 elif event.action is Action.CHANNEL_EMPTY:
                     channel.emptied_at_us = event.at_us
+                elif event.action is Action.CHANNEL_MOVE:
+                    options = event.options or {}
+                    channel.moved_seq = event.seq
+                    channel.moved_to = int(options["lane"])
+                    channel.moved_to_url = str(options["http_url"])
                 elif event.action is Action.CHANNEL_CONFIGURE:
                     options = event.options or {}
                     if "max_attempts" in options:

@@ -276,3 +276,62 @@ def test_on_an_object_store_a_dead_nodes_channel_moves_once_its_lane_lapses(
     assert r.status_code == 200, r.text
     assert _stats_channel(second.url, "t")["node"] == second.url
     assert "took channel t/c" in second.log()
+
+
+def test_an_admin_moves_a_channel_to_another_node(
+    server_factory: type[Server], warehouse: Path, fanout: None
+) -> None:
+    first = server_factory(warehouse).start()
+    second = server_factory(warehouse).start()
+    for body in ("m1", "m2", "m3"):
+        assert httpx.post(f"{first.url}/pub?topic=mv", content=body).text == "OK"
+    httpx.post(f"{first.url}/channel/create?topic=mv&channel=c").raise_for_status()
+    for body in ("m4", "m5"):
+        assert httpx.post(f"{second.url}/pub?topic=mv", content=body).text == "OK"
+    lanes = {s.url: httpx.get(f"{s.url}/info").json()["node"]["lane"] for s in (first, second)}
+
+    # The first node serves the channel: one message FIN'd there, one left in flight.
+    sub = {"topic": "mv", "channel": "c", "max": 1, "wait_ms": 5000, "msg_timeout_ms": 60_000}
+    got = []
+    for _ in range(2):
+        [message] = httpx.get(f"{first.url}/sub", params=sub, timeout=10).json()["messages"]
+        got.append(message)
+    finned, held = got
+    fin = f"{finned['id']} {finned['lease']}\n"
+    assert httpx.post(f"{first.url}/fin?topic=mv&channel=c", content=fin).text == "OK"
+
+    bad = httpx.post(f"{first.url}/channel/move?topic=mv&channel=c&node=57")
+    assert bad.status_code == 400 and bad.json()["message"] == "INVALID_NODE"
+    # Asked of the node that does not own it, the call is redirected to the owner.
+    moved = httpx.post(
+        f"{second.url}/channel/move",
+        params={"topic": "mv", "channel": "c", "node": lanes[second.url]},
+        follow_redirects=True,
+    )
+    assert moved.status_code == 200, moved.text
+    assert moved.json() == {"node": lanes[second.url], "http_url": second.url}
+    assert str(moved.url).startswith(first.url)
+    assert f"moved channel mv/c to node {lanes[second.url]}" in first.log()
+
+    # Now the second serves it: both say so, the first redirects its consumers there.
+    assert _stats_channel(first.url, "mv")["node"] == second.url
+    # The new owner follows the move's registry event within a watch pass and opens it.
+    deadline = time.monotonic() + 5
+    while _stats_channel(second.url, "mv")["node"] != second.url:
+        assert time.monotonic() < deadline, _stats_channel(second.url, "mv")
+        time.sleep(0.1)
+    assert _stats_channel(second.url, "mv")["in_flight_count"] == 1
+    redirect = httpx.get(f"{first.url}/sub", params={**sub, "wait_ms": 0})
+    assert redirect.status_code == 307 and redirect.headers["location"].startswith(second.url)
+    # The lease held across the move is FIN'd at the new owner; the FIN'd one never returns.
+    held_fin = f"{held['id']} {held['lease']}\n"
+    assert httpx.post(f"{second.url}/fin?topic=mv&channel=c", content=held_fin).text == "OK"
+    rest = []
+    deadline = time.monotonic() + 30
+    while len(rest) < 3 and time.monotonic() < deadline:
+        r = httpx.get(f"{second.url}/sub", params={**sub, "max": 10, "wait_ms": 1000}, timeout=10)
+        rest += r.json()["messages"]
+    bodies = sorted(base64.b64decode(m["body"]).decode() for m in rest)
+    seen = {base64.b64decode(m["body"]).decode() for m in got}
+    assert len(bodies) == 3 and not seen & set(bodies), (bodies, seen)
+    assert sorted([*seen, *bodies]) == ["m1", "m2", "m3", "m4", "m5"]
