@@ -146,7 +146,7 @@ async def channel_empty(request: Request, topic: Topic = None, channel: Channel 
     summary="Hand the channel to another node of the warehouse (only its owner moves it)",
     responses={
         200: {"description": 'The new owner: {"node": lane, "http_url": URL}'},
-        **error_doc(*CHANNEL_CODES, ErrorCode.INVALID_NODE),
+        **error_doc(*CHANNEL_CODES, ErrorCode.INVALID_VALUE, ErrorCode.INVALID_NODE),
     },
 )
 async def channel_move(
@@ -157,7 +157,7 @@ async def channel_move(
 ) -> dict[str, Any]:
     topic_name, channel_name = require_topic_channel(topic, channel)
     if node is None or not node.isdigit():
-        raise QueueError(ErrorCode.INVALID_NODE, "node= must be a node's lane", param="node")
+        raise QueueError(ErrorCode.INVALID_VALUE, "node= must be a node's lane", param="node")
     url = await broker_of(request).move_channel(topic_name, channel_name, int(node))
     return {"node": int(node), "http_url": url}
 

@@ -17,6 +17,7 @@ from fastapi.openapi.utils import get_openapi
 
 from api.consume import MAX_CONSUMER_CHARS, MAX_WAIT_MS, MIN_MSG_TIMEOUT_MS
 from api.lifecycle import MAX_ATTEMPTS_LIMIT, MAX_RETENTION_HOURS, MAX_TTL_MS
+from queue_engine.message import LANES
 from queue_engine.names import MAX_NAME_LENGTH
 from queue_engine.replay import REPLAY_ID_PATTERN
 from queue_engine.settings import RetentionMode, Settings
@@ -29,7 +30,11 @@ ANSWER_LINES = r"^([0-9a-f]{16} [0-9]{1,9}-[0-9a-f]{12}\n)+$"
 _OPTIONAL_NAMES = {"/stats"}
 # Query parameters FastAPI sees as optional (the handler answers their absence with nsqd's
 # codes) that an operation needs.
-_REQUIRED = {("/channel/configure", "max_attempts"), ("/channel/replay", "from")}
+_REQUIRED = {
+    ("/channel/configure", "max_attempts"),
+    ("/channel/replay", "from"),
+    ("/channel/move", "node"),
+}
 _ERROR: dict[str, Any] = {
     "type": "object",
     "properties": {"message": {"type": "string"}},
@@ -117,6 +122,7 @@ _OPERATION_PARAMETERS: dict[tuple[str, str], dict[str, Any]] = {
     ("/channel/replay", "from"): _BOUND,
     ("/channel/replay", "to"): _BOUND,
     ("/channel/replay", "replay_id"): {"type": "string", "pattern": REPLAY_ID_PATTERN},
+    ("/channel/move", "node"): _integer(0, LANES - 1),
 }
 
 

@@ -23,7 +23,6 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.INVALID_ARG_CHANNEL: 400,
     ErrorCode.INVALID_OPTION: 400,
     ErrorCode.INVALID_VALUE: 400,
-    ErrorCode.INVALID_NODE: 400,
     ErrorCode.MSG_EMPTY: 400,
     ErrorCode.INVALID_DEFER: 400,
     ErrorCode.INVALID_MAX_ATTEMPTS: 400,
@@ -59,6 +58,8 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.EXITING: 503,
     # Another node serves the channel: the same request there (Location).
     ErrorCode.CHANNEL_ELSEWHERE: 307,
+    # The node named is not live (a state of the warehouse, not a malformed request).
+    ErrorCode.INVALID_NODE: 409,
 }
 
 # What nsqd's /channel/* handlers can answer about their topic and channel arguments.

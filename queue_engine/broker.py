@@ -436,9 +436,8 @@ class Broker:
         channel are disconnected (as nsqd does when a channel goes); their leases stay in the
         ledger, so what they hold is FIN'd at the new owner or times out there."""
         if self.node is None or self._ownership is None or self._directory is None:
-            raise QueueError(
-                ErrorCode.INVALID_REQUEST, "this node is alone on its warehouse: nowhere to move"
-            )
+            await self._runtime(topic, channel)
+            raise QueueError(ErrorCode.INVALID_NODE, "this node is alone on its warehouse")
         me = self.node.record
         assert me is not None
         target = (await asyncio.to_thread(self._directory.fresh)).get(lane)

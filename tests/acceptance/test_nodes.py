@@ -301,7 +301,7 @@ def test_an_admin_moves_a_channel_to_another_node(
     assert httpx.post(f"{first.url}/fin?topic=mv&channel=c", content=fin).text == "OK"
 
     bad = httpx.post(f"{first.url}/channel/move?topic=mv&channel=c&node=57")
-    assert bad.status_code == 400 and bad.json()["message"] == "INVALID_NODE"
+    assert bad.status_code == 409 and bad.json()["message"] == "INVALID_NODE"
     # Asked of the node that does not own it, the call is redirected to the owner.
     moved = httpx.post(
         f"{second.url}/channel/move",
