@@ -46,7 +46,7 @@ PUMP_INTERVAL_S = 0.005
 # case a notice of new rows was missed (notices tick a channel the fanout or sweep wrote to).
 BUSY_TICK_S = 0.1
 EXPIRING_TICK_S = 2.0
-QUIET_TICK_S = 30.0
+QUIET_TICK_S = 60.0
 PUMP_IDLE_MAX_S = 1.0
 # How often the notices of the fanout and the sweep are looked at (a stat; a HEAD request on
 # an object store).

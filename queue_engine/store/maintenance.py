@@ -27,7 +27,7 @@ from queue_engine.store.compaction import compact_small_files, small_files
 log = logging.getLogger(__name__)
 
 
-QUIET_MAX_ROUNDS = 30
+QUIET_MAX_ROUNDS = 60
 
 
 @dataclass
@@ -37,6 +37,12 @@ class _Upkeep:
     known_version: int = -1
     last_compaction_s: float = float("-inf")
     last_vacuum_s: float = 0.0
+    # The version the last vacuum saw, and when the version last moved: a table that has not
+    # changed since its last vacuum has nothing new to vacuum until what its last commits
+    # removed is older than the retention (then once more).
+    vacuumed_version: int = -1
+    changed_s: float = 0.0
+    matured_vacuumed: bool = False
     # A table that stopped changing is probed less and less often (up to QUIET_MAX_ROUNDS
     # rounds apart): ten thousand idle tables do not mean ten thousand probes a second.
     quiet_rounds: int = 0
@@ -87,6 +93,7 @@ class Maintenance:
         self._thread = threading.Thread(target=self._run, name="deltaq-maintenance", daemon=True)
         self.checkpoints = 0
         self.compactions = 0
+        self.vacuums = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -138,6 +145,7 @@ class Maintenance:
             upkeep.quiet_rounds = min(upkeep.quiet_rounds * 2 or 1, QUIET_MAX_ROUNDS)
         else:
             upkeep.quiet_rounds = 0
+            upkeep.changed_s = time.monotonic()
         upkeep.next_probe_s = time.monotonic() + (
             upkeep.quiet_rounds * self.policy.interval_ms / 1000
         )
@@ -146,7 +154,10 @@ class Maintenance:
             version - upkeep.last_checkpoint_version >= self.policy.checkpoint_interval_commits
             and time.monotonic() - upkeep.last_checkpoint_s >= self.policy.checkpoint_min_interval_s
         )
-        vacuum_due = time.monotonic() - upkeep.last_vacuum_s >= self.policy.vacuum_interval_s
+        vacuum_due = (
+            time.monotonic() - upkeep.last_vacuum_s >= self.policy.vacuum_interval_s
+            and self._vacuum_useful(upkeep, version)
+        )
         if not (checkpoint_due or vacuum_due):
             return
         dt = DeltaTable(path)
@@ -184,8 +195,22 @@ class Maintenance:
             )
             dt.cleanup_metadata()
             upkeep.last_vacuum_s = time.monotonic()
+            self.vacuums += 1
+            if upkeep.vacuumed_version == version:
+                upkeep.matured_vacuumed = True
+            else:
+                upkeep.vacuumed_version = version
+                upkeep.matured_vacuumed = False
             if removed:
                 log.info("vacuumed %d files from %s", len(removed), path)
+
+    def _vacuum_useful(self, upkeep: _Upkeep, version: int) -> bool:
+        """Whether a vacuum may find files to delete: the table changed since the last one, or
+        what its last commits removed has since passed the retention (once)."""
+        if version != upkeep.vacuumed_version:
+            return True
+        matured_at = upkeep.changed_s + self.policy.vacuum_retention_hours * 3600
+        return not upkeep.matured_vacuumed and time.monotonic() >= matured_at
 
     def _compact(self, path: str, dt: DeltaTable) -> str:
         target = self.policy.compact_target_file_bytes

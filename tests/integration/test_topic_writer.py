@@ -327,6 +327,29 @@ def test_maintenance_checkpoints_compacts_and_keeps_old_versions_readable(tmp_pa
     assert DeltaTable(path).to_pyarrow_table().num_rows == 61
 
 
+def test_an_unchanged_table_is_vacuumed_again_only_once_its_removals_matured(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "t")
+    open_or_create(path, TOPIC_SCHEMA)
+    fast = LocalAppender(path)
+    fast.append(_batch(1, 0))
+    kept = Maintenance(_policy(vacuum_interval_s=0))
+    for _ in range(3):
+        kept.upkeep(path)
+    # Vacuumed once for the change; then nothing new until a week after it.
+    assert kept.vacuums == 1
+    fast.append(_batch(1, 1))
+    kept.upkeep(path)
+    assert kept.vacuums == 2
+
+    matured = Maintenance(_policy(vacuum_interval_s=0, vacuum_retention_hours=0))
+    for _ in range(4):
+        matured.upkeep(path)
+    # Once for the change, once when its removals passed the (zero) retention, then no more.
+    assert matured.vacuums == 2
+
+
 def test_checkpoints_wait_for_the_minimum_interval(tmp_path: Path) -> None:
     path = str(tmp_path / "t")
     open_or_create(path, TOPIC_SCHEMA)
