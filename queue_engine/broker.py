@@ -8,6 +8,7 @@ blocking Delta work runs in the writer threads or in ``asyncio.to_thread``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import heapq
 import itertools
@@ -97,6 +98,8 @@ class Broker:
         self._next_due: dict[ChannelRuntime, float] = {}
         self._notices = NoticeReader(settings.warehouse)
         self._notice_task: asyncio.Task[None] | None = None
+        # Opening what the start's budget left (None: nothing was left).
+        self._opening: asyncio.Task[None] | None = None
         # Set when a channel turns hot: the pump, asleep until the next due channel, wakes.
         self._heated = asyncio.Event()
         self._pump: asyncio.Task[None] | None = None
@@ -111,12 +114,31 @@ class Broker:
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Fold the registry, finish interrupted deletes, open every topic's writer."""
+        """Fold the registry, finish interrupted deletes, open every topic's writer and the
+        channels this node serves: for ``startup_open_budget_s``, then in the background while
+        requests are served (ten thousand topics take minutes to open)."""
         self._loop = asyncio.get_running_loop()
         nodes = await asyncio.to_thread(self._start_blocking)
-        for topic in list(self.registry.topics.values()):
-            for channel in list(topic.channels):
-                await self._open_if_ours(topic.name, channel, nodes)
+        deadline = time.monotonic() + self.settings.startup_open_budget_s
+        topics = collections.deque(self.registry.topics)
+        while topics and time.monotonic() < deadline:
+            await asyncio.to_thread(self._open_writer, topics.popleft())
+        channels = collections.deque(
+            (topic.name, channel)
+            for topic in list(self.registry.topics.values())
+            for channel in list(topic.channels)
+        )
+        while channels and time.monotonic() < deadline:
+            await self._open_if_ours(*channels.popleft(), nodes)
+        if topics or channels:
+            log.info(
+                "serving while %d topics and %d channels are still being opened",
+                len(topics),
+                len(channels),
+            )
+            self._opening = asyncio.get_running_loop().create_task(
+                self._open_rest(topics, channels, nodes)
+            )
         self._seen_nodes = {lane: n.token for lane, n in nodes.items()}
         self.maintenance.start()
         self._pump = asyncio.get_running_loop().create_task(self._run_pump())
@@ -138,8 +160,6 @@ class Broker:
         nodes = self.live_nodes()
         if self.node is None or set(nodes) == {self.node.lane}:
             self._remove_orphan_directories()
-        for name in self.registry.topics:
-            self._open_writer(name)
         return nodes
 
     def _remove_orphan_directories(self) -> None:
@@ -160,9 +180,46 @@ class Broker:
                 if channel_segment not in owned:
                     delete_tree(f"{self.warehouse.channels_root_all}/{segment}/{channel_segment}")
 
+    async def _open_rest(
+        self,
+        topics: collections.deque[str],
+        channels: collections.deque[tuple[str, str]],
+        nodes: dict[int, NodeRecord],
+    ) -> None:
+        """Open what the start left (one at a time under ``_admin``: a delete or a request
+        that opened it meanwhile wins)."""
+        started = time.monotonic()
+        opened = 0
+        while (topics or channels) and not self._closing:
+            async with self._admin:
+                if topics:
+                    name = topics.popleft()
+                    if name in self.registry.topics and name not in self._writers:
+                        await asyncio.to_thread(self._open_writer, name)
+                        opened += 1
+                    continue
+                topic, channel = channels.popleft()
+                info = self.registry.topics.get(topic)
+                if info is None or channel not in info.channels or self._closing:
+                    continue
+                if (topic, channel) not in self._channels:
+                    try:
+                        await self._open_if_ours(topic, channel, nodes)
+                        opened += 1
+                    except Exception:
+                        # Left to the watch's next look (or the first request for it).
+                        log.exception("opening %s/%s failed", topic, channel)
+        log.info(
+            "opened %d topics and channels after the start in %.1f s",
+            opened,
+            time.monotonic() - started,
+        )
+
     async def close(self) -> None:
         """Commit everything pending, then stop the writers and the maintenance thread."""
         self._closing = True
+        if self._opening is not None:
+            self._opening.cancel()
         if self._pump is not None:
             self._pump.cancel()
         if self._notice_task is not None:

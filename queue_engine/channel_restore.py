@@ -65,11 +65,15 @@ def restore_channel(
     missing = queue.needs_body()
     if missing:
         add_rows(queue, ChannelReader.read_ids(paths, missing), now)
-    log.info(
+    live = len(queue) + queue.unstarted_count
+    # A node over thousands of empty channels would log thousands of lines at each start.
+    level = logging.INFO if live or reader.unread_rows - known else logging.DEBUG
+    log.log(
+        level,
         "channel %s: %s folded, %d live, %d in flight, %d unread rows (%.0f ms)",
         name,
         source,
-        len(queue) + queue.unstarted_count,
+        live,
         len(queue.in_flight),
         reader.unread_rows - known,
         (time.perf_counter() - started) * 1000,

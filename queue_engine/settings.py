@@ -147,6 +147,9 @@ class Settings(BaseSettings):
     vacuum_retention_hours: int = 168
     vacuum_interval_s: int = 3600
     maintenance_interval_ms: int = 1000
+    # A start opens topics and channels for this long before it serves requests; the rest are
+    # opened in the background (a request opens what it needs at once).
+    startup_open_budget_s: float = 10.0
     # Object storage: the store's own configuration keys (aws_endpoint_url, aws_region,
     # google_service_account, azure_storage_account_name, ...). Exported into the environment
     # as upper-case names where not already set there (queue_engine/store/object_store.py).

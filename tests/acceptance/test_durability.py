@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import re
 import threading
 import time
 from pathlib import Path
@@ -177,3 +178,36 @@ def test_failed_commit_answers_5xx_and_writes_nothing(
         httpx.post(f"{server.url}/pub", params={"topic": "f"}, content=b"second").status_code == 200
     )
     assert sorted(read_topic(warehouse, "f")["body"].to_pylist()) == [b"first", b"second"]
+
+
+def test_a_start_past_its_open_budget_serves_and_opens_the_rest_behind(
+    server_factory: type[Server], tmp_path: Path
+) -> None:
+    import httpx
+
+    warehouse = tmp_path / "wh"
+    server = server_factory(warehouse).start()
+    for i in range(20):
+        topic = f"t{i}"
+        httpx.post(f"{server.url}/pub", params={"topic": topic}, content=b"x").raise_for_status()
+        httpx.post(f"{server.url}/channel/create", params={"topic": topic, "channel": "c"})
+    server.kill9()
+
+    # No time to open anything before serving: everything is opened behind the requests.
+    restarted = server_factory(warehouse, env={"DELTAQ_STARTUP_OPEN_BUDGET_S": "0"}).start()
+    r = httpx.post(f"{restarted.url}/pub", params={"topic": "t19"}, content=b"y")
+    assert r.text == "OK"
+    deadline = time.monotonic() + 20
+    while "topics and channels after the start" not in restarted.log():
+        assert time.monotonic() < deadline, restarted.log()[-2000:]
+        time.sleep(0.1)
+    # All of them, less t19's writer if the publish opened it first.
+    [opened] = re.findall(r"opened (\d+) topics and channels after the start", restarted.log())
+    assert int(opened) in (39, 40)
+    assert "serving while 20 topics and 20 channels are still being opened" in restarted.log()
+    topics = httpx.get(f"{restarted.url}/stats", params={"format": "json"}).json()["topics"]
+    counts = {t["topic_name"]: t["message_count"] for t in topics}
+    assert counts == {**{f"t{i}": 1 for i in range(19)}, "t19": 2}
+    assert all([c["channel_name"] for c in t["channels"]] == ["c"] for t in topics)
+    ids = read_topic(warehouse, "t19").column("id").to_pylist()
+    assert len(set(ids)) == 2
