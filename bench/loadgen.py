@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -35,13 +36,17 @@ def build_request(host: str, port: int, path: str, body: bytes) -> bytes:
 
 
 async def _connection(
-    host: str, port: int, request: bytes, deadline: float, result: LoadResult
+    host: str,
+    port: int,
+    request: bytes | Callable[[], bytes],
+    deadline: float,
+    result: LoadResult,
 ) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     try:
         while time.perf_counter() < deadline:
             start = time.perf_counter()
-            writer.write(request)
+            writer.write(request() if callable(request) else request)
             head = await reader.readuntil(b"\r\n\r\n")
             status = int(head[9:12])
             length = 0
@@ -59,10 +64,24 @@ async def _connection(
 
 
 async def run_load(
-    host: str, port: int, path: str, body: bytes, connections: int, duration_s: float
+    host: str,
+    port: int,
+    path: str | Callable[[], str],
+    body: bytes,
+    connections: int,
+    duration_s: float,
 ) -> LoadResult:
+    """``path``: one path, or a function giving each request's (e.g. a random topic)."""
     result = LoadResult()
-    request = build_request(host, port, path, body)
+    request: bytes | Callable[[], bytes]
+    if callable(path):
+        make_path = path
+
+        def request() -> bytes:
+            return build_request(host, port, make_path(), body)
+
+    else:
+        request = build_request(host, port, path, body)
     start = time.perf_counter()
     deadline = start + duration_s
     await asyncio.gather(
@@ -73,7 +92,12 @@ async def run_load(
 
 
 def run(
-    host: str, port: int, path: str, body: bytes, connections: int, duration_s: float
+    host: str,
+    port: int,
+    path: str | Callable[[], str],
+    body: bytes,
+    connections: int,
+    duration_s: float,
 ) -> LoadResult:
     try:
         import uvloop

@@ -113,10 +113,12 @@ def fanout_batch(
         # A replayed batch too: its rows may have landed after the nodes last looked.
         notices.post(routed)
     log.info(
-        "fanout batch %d: %d rows in, %d channel rows out (read %.0f ms, write %.0f ms)",
+        "fanout batch %d: %d rows in, %d channel rows out to %d channels "
+        "(read %.0f ms, write %.0f ms)",
         batch_id,
         rows.num_rows,
         written,
+        len(routed),
         read_s * 1000,
         (time.perf_counter() - started - read_s) * 1000,
     )
