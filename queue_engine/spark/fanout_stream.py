@@ -45,6 +45,8 @@ from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, Warehouse, open_o
 log = logging.getLogger(__name__)
 
 FANOUT_APP_ID = "deltaq-fanout"
+# Channel tables a micro-batch appends to at once.
+WRITE_THREADS = 8
 
 
 class ChannelSinks:
@@ -59,6 +61,37 @@ class ChannelSinks:
         self._sinks: dict[tuple[str, int], IdempotentAppender] = {}
         # Checkpoints off the micro-batch's path (one replays up to 100 commits).
         self._upkeep = ThreadPoolExecutor(1, thread_name_prefix="deltaq-fanout-checkpoint")
+        # A batch over many channels appends to their tables side by side: each append is
+        # mostly file-system calls outside the GIL (measured: ~5 ms each, one after the
+        # other, made a batch over 150 channels take ~1 s).
+        self._writers = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="deltaq-fanout-write")
+
+    def append_all(
+        self, registry: Registry, routed: dict[tuple[str, str], pa.Table], batch_id: int
+    ) -> int:
+        """Append each channel's rows of the batch; the rows written (a channel that already
+        has this batch, a replay, is skipped). Every append is tried before the first error
+        is raised: what committed stays committed, and the replay skips it."""
+        futures = [
+            (
+                selected.num_rows,
+                self._writers.submit(
+                    self.append, topic, registry.topics[topic].channels[channel], selected, batch_id
+                ),
+            )
+            for (topic, channel), selected in routed.items()
+        ]
+        written = 0
+        error: BaseException | None = None
+        for rows, future in futures:
+            try:
+                if future.result():
+                    written += rows
+            except BaseException as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+        return written
 
     def append(self, topic: str, channel: ChannelInfo, rows: pa.Table, batch_id: int) -> bool:
         key = self._key(topic, channel)
@@ -104,11 +137,8 @@ def fanout_batch(
         return 0
     registry = registry_reader.get()
     sinks.retain(registry)
-    written = 0
     routed = route(rows, registry)
-    for (topic, channel), selected in routed.items():
-        if sinks.append(topic, registry.topics[topic].channels[channel], selected, batch_id):
-            written += selected.num_rows
+    written = sinks.append_all(registry, routed, batch_id)
     if notices is not None:
         # A replayed batch too: its rows may have landed after the nodes last looked.
         notices.post(routed)
