@@ -91,7 +91,7 @@ async def _channel_op(
     request: Request,
     topic: str | None,
     channel: str | None,
-    op: Callable[[Broker, str, str], Awaitable[None]],
+    op: Callable[[Broker, str, str], Awaitable[object]],
 ) -> Response:
     await op(broker_of(request), *require_topic_channel(topic, channel))
     return ok_empty()

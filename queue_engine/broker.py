@@ -481,11 +481,13 @@ class Broker:
         limit = self.settings.max_replay_messages
         return await asyncio.to_thread(run_replay, writer, channel, start, end, replay_id, limit)
 
-    async def empty_channel(self, topic: str, channel: str) -> None:
-        await self._runtime(topic, channel)
+    async def empty_channel(self, topic: str, channel: str) -> int:
+        """Drop every message the channel holds (on its owner); returns how many."""
+        runtime = await self._runtime(topic, channel)
         async with self._admin:
             self.registry.existing_channel(topic, channel)
             await self._record(Action.CHANNEL_EMPTY, topic, channel)
+        return await runtime.empty()
 
     async def move_channel(self, topic: str, channel: str, lane: int) -> str:
         """Hand the channel to the live node in ``lane``; returns that node's URL.

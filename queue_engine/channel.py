@@ -334,6 +334,29 @@ class ChannelRuntime:
             await self.wake()
         return len(events)
 
+    async def empty(self) -> int:
+        """nsqd's channel empty: every message the channel holds now is dropped (an EMPTY
+        ledger event each), including rows not read into memory yet; dead letters stay.
+        Returns how many; durable when this returns."""
+        if self._broken:
+            raise QueueError(ErrorCode.E_COMMIT_FAILED, "channel is reloading")
+        dropped = 0
+        async with self._load_lock:
+            while True:
+                events = self.queue.empty(now_us())
+                if events:
+                    await self._write(events)
+                    dropped += len(events)
+                table = await asyncio.to_thread(self._reader.read, self._mem_queue_size // 2)
+                if table is None:
+                    break
+                add_rows(self.queue, table, now_us())
+                if self._reader.snapshot_read:
+                    self.queue.forget_finished()
+            self._known_unread = 0
+        log.info("%s/%s: emptied, %d messages dropped", self.topic, self.channel, dropped)
+        return dropped
+
     async def dead_letters(self, limit: int) -> pa.Table:
         """The channel's current dead letters (at most ``limit``, longest dead first)."""
         table = await asyncio.to_thread(self._dead.latest, sorted(self.queue.dead))

@@ -323,6 +323,23 @@ class ChannelQueue:
             events.append(self._expire(message_id, state, body, at))
         return events
 
+    def empty(self, now_us: int) -> list[LeaseEvent]:
+        """Drop every message held (ready, deferred, in flight, and those the state knows
+        whose rows are not read yet): an EMPTY event each. Dead letters stay."""
+        at = self.clock(now_us)
+        events: list[LeaseEvent] = []
+        for message_id, state in list(self.states.items()):
+            event = LeaseEvent(message_id, EventKind.EMPTY, state.attempts, at)
+            after = apply(state, event)
+            if after is not state:
+                self._set(message_id, after, at)
+                events.append(event)
+        for message_id in self._unstarted:
+            events.append(LeaseEvent(message_id, EventKind.EMPTY, 0, at))
+        self._unstarted = set()
+        self._ready.clear()
+        return events
+
     def _expiry(self, body: tuple[bytes, int, int | None]) -> int | None:
         """When a loaded message expires (µs): its own expiry, else the topic TTL's."""
         if body[2] is not None:

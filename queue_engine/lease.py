@@ -40,6 +40,8 @@ class EventKind(StrEnum):
     DEAD = "DEAD"
     REDRIVE = "REDRIVE"
     EXPIRE = "EXPIRE"
+    # /channel/empty: every message the channel holds (ready, deferred, in flight) is dropped.
+    EMPTY = "EMPTY"
 
 
 # Tie-break for events of one message with the same time (only across processes).
@@ -52,6 +54,7 @@ RANK = {
     EventKind.DEAD: 5,
     EventKind.REDRIVE: 6,
     EventKind.EXPIRE: 7,
+    EventKind.EMPTY: 8,
 }
 
 
@@ -153,6 +156,9 @@ def apply(state: MessageState, event: LeaseEvent) -> MessageState:
         if state.in_flight:
             return state
         return state._replace(finished=True, expired=True, timed_out=False)
+    if kind is EventKind.EMPTY:
+        # Whatever its attempt: nsqd's empty drops in-flight messages too (a late FIN fails).
+        return state._replace(finished=True, in_flight=False, timed_out=False)
     if kind is EventKind.DELIVER:
         if (
             state.in_flight
