@@ -17,13 +17,12 @@ import argparse
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import api_process, free_port, post, stop
+from procs import api_process, create_topics, free_port, stop, wait_all_open
 
 
 def main() -> int:
@@ -44,20 +43,11 @@ def main() -> int:
         try:
             started = time.perf_counter()
 
-            def create(i: int) -> None:
-                post(port, f"/topic/create?topic=t{i}")
-                post(port, f"/channel/create?topic=t{i}&channel=c")
-
-            # Several clients at once, as a fleet of producers creating their topics would.
             if not existing:
-                with ThreadPoolExecutor(args.clients) as pool:
-                    list(pool.map(create, range(args.topics)))
+                create_topics(port, args.topics, args.clients)
             created = time.perf_counter() - started
-            log = warehouse.parent / "api.log"
-            if existing and "still being opened" in log.read_text(errors="replace"):
-                # Wait for the background opening to finish before measuring idle.
-                while "after the start in" not in log.read_text(errors="replace"):
-                    time.sleep(1)
+            # A restart: the background opening finishes before idle is measured.
+            if existing and wait_all_open(warehouse):
                 created = time.perf_counter() - started
                 print(f"restarted: every topic and channel open {created:.0f} s after answering")
             api = psutil.Process(proc.pid)

@@ -24,12 +24,21 @@ import re
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import run
-from procs import HOST, api_process, fanout_process, free_port, post, stop
+from procs import (
+    HOST,
+    api_process,
+    create_topics,
+    fanout_process,
+    free_port,
+    post,
+    stop,
+    wait_all_open,
+)
 
 _BATCH = re.compile(
     r"fanout batch \d+: (\d+) rows in, \d+ channel rows out to (\d+) channels "
@@ -89,7 +98,7 @@ def _consumers(port: int, topics: list[str], since: float, deadline: float, out:
     out.put(seen)
 
 
-def _percentile(values: list[float], q: float) -> float:
+def _percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
@@ -110,18 +119,8 @@ def main() -> int:
         fanout = None
         try:
             if not existing:
-
-                def create(i: int) -> None:
-                    post(port, f"/topic/create?topic=t{i}")
-                    post(port, f"/channel/create?topic=t{i}&channel=c")
-
-                with ThreadPoolExecutor(8) as pool:
-                    list(pool.map(create, range(args.topics)))
-            log = warehouse.parent / "api.log"
-            while "still being opened" in log.read_text(errors="replace") and (
-                "after the start in" not in log.read_text(errors="replace")
-            ):
-                time.sleep(1)  # a restart over many topics: wait until all are open
+                create_topics(port, args.topics)
+            wait_all_open(warehouse)
             fanout_log = warehouse.parent / "fanout.log"
             fanout_log.write_text("")
             fanout = fanout_process(warehouse)

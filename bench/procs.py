@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,6 +155,29 @@ def stop(proc: subprocess.Popen[bytes], group: bool = False) -> None:
                 os.killpg(proc.pid, signal.SIGKILL)
             else:
                 proc.kill()
+
+
+def create_topics(port: int, count: int, clients: int = 8) -> None:
+    """Topics ``t0``.. with one channel ``c`` each, through the API, ``clients`` at once (as a
+    fleet of producers creating their topics would)."""
+
+    def create(i: int) -> None:
+        post(port, f"/topic/create?topic=t{i}")
+        post(port, f"/channel/create?topic=t{i}&channel=c")
+
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(create, range(count)))
+
+
+def wait_all_open(warehouse: Path) -> bool:
+    """After a restart over many topics: wait until the API opened every topic and channel
+    (its log says so); False if the start had opened them all before answering."""
+    log = warehouse.parent / "api.log"
+    if "still being opened" not in log.read_text(errors="replace"):
+        return False
+    while "after the start in" not in log.read_text(errors="replace"):
+        time.sleep(1)
+    return True
 
 
 def publish_timestamps(port: int, topic: str, rate: int, seconds: float, prefix: str = "t") -> int:
