@@ -60,6 +60,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from queue_engine.registry import Registry
+from queue_engine.spark import fold_inputs
 from queue_engine.spark.channel_tables import (
     TOPIC_COUNTS_SCHEMA,
     ChannelTablesReader,
@@ -134,6 +135,8 @@ class DeltaqDataSource(DataSource):
             return from_arrow_schema(channels_schema(self.options))
         if kind == "topic_counts":
             return from_arrow_schema(TOPIC_COUNTS_SCHEMA)
+        if kind == "fold_inputs":
+            return from_arrow_schema(fold_inputs.INPUT_ARROW_SCHEMA)
         return from_arrow_schema(_arrow_schema(self.options["path"]))
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -142,6 +145,8 @@ class DeltaqDataSource(DataSource):
             return ChannelTablesReader(self.options)
         if kind == "topic_counts":
             return TopicCountsReader(self.options)
+        if kind == "fold_inputs":
+            return fold_inputs.FoldInputsReader(self.options)
         return TableReader(
             self.options["path"],
             int(self.options.get("filesPerPartition", DEFAULT_FILES_PER_PARTITION)),
