@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +62,8 @@ log = logging.getLogger(__name__)
 _TS = pa.timestamp("us", tz="UTC")
 # The fold's input carries the channel's index in this run (rows group by channel, then id).
 CHANNEL_COLUMN = fold_inputs.CHANNEL_COLUMN
+# Channels whose TIMEOUTs and state a sweep commits at once.
+COMMIT_THREADS = 8
 # A sweep whose inputs (previous state rows + channel rows + ledger events added since, from
 # the commit log's statistics) total at most this many rows is folded on the driver by the
 # same fold (state_fold.fold_tables), like Spark runs a small local relation on the driver:
@@ -257,9 +260,15 @@ def sweep(
         tell(f"sweep: folding {len(plans)} channels in a Spark job")
         results = _fold_with_spark(spark, plans, now, parallelism)
     timed_out: list[tuple[str, str]] = []
-    for n, (p, rows) in enumerate(zip(plans, results, strict=True), 1):
-        tell(f"sweep: committing channel {n} of {len(plans)}")
-        live, timeouts, finished, written = _commit_channel(p, rows, now, started)
+    # Channels commit side by side: each is a few Delta commits, mostly I/O outside the GIL
+    # (one after the other, a first sweep over ten thousand channels took minutes).
+    with ThreadPoolExecutor(COMMIT_THREADS, thread_name_prefix="deltaq-sweep-commit") as pool:
+        committed = pool.map(
+            lambda pair: _commit_channel(pair[0], pair[1], now, started),
+            zip(plans, results, strict=True),
+        )
+        outcomes = list(_told(committed, len(plans), tell))
+    for p, (live, timeouts, finished, written) in zip(plans, outcomes, strict=True):
         if written is not None:
             marks[(p.topic, p.channel)] = Mark(p.created_at_us, written)
         report.channels_swept += 1
@@ -295,6 +304,16 @@ def sweep(
         report.seconds,
     )
     return report
+
+
+def _told(
+    committed: Iterator[tuple[int, int, int, StateMeta | None]],
+    total: int,
+    tell: Callable[[str], None],
+) -> Iterator[tuple[int, int, int, StateMeta | None]]:
+    for n, outcome in enumerate(committed, 1):
+        tell(f"sweep: committed channel {n} of {total}")
+        yield outcome
 
 
 def _retain(
