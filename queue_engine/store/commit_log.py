@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from queue_engine.store.object_store import (
@@ -227,3 +228,59 @@ def recent_writes(root: str, since_s: float, limit: int = 5000) -> list[tuple[fl
         writes.append((at, int(rows)))
     writes.sort()
     return writes
+
+
+def live_files(root: str) -> list[str] | None:
+    """The data files of a local table's latest version, replayed from its log (the last
+    checkpoint, then the commits after it): ``DeltaTable(root).file_uris()`` at a tenth of the
+    cost for small tables (opening one with delta-rs costs ~1.2 ms; ten thousand channel
+    tables per SQL view took seconds). None: not a local table, or a log this replay does not
+    read (a multi-part or v2 checkpoint, deletion vectors, a log cleaned up without a
+    checkpoint): ask delta-rs.
+    """
+    if "://" in root:
+        return None
+    log = f"{os.path.abspath(root)}/_delta_log"
+    files: dict[str, None] = {}
+    version = 0
+    try:
+        with open(f"{log}/_last_checkpoint", "rb") as f:
+            last = json.loads(f.read())
+    except FileNotFoundError:
+        last = None
+    if last is not None:
+        if last.get("parts") or last.get("v2Checkpoint"):
+            return None
+        checkpoint = int(last["version"])
+        try:
+            adds = pq.read_table(
+                f"{log}/{checkpoint:020d}.checkpoint.parquet", columns=["add"]
+            ).column("add")
+        except FileNotFoundError:
+            return None
+        for add in adds.to_pylist():
+            if add is not None:
+                if add.get("deletionVector"):
+                    return None
+                files[add["path"]] = None
+        version = checkpoint + 1
+    elif not os.path.exists(f"{log}/{0:020d}.json"):
+        return None
+    while True:
+        try:
+            with open(f"{log}/{version:020d}.json", "rb") as f:
+                text = f.read().decode()
+        except FileNotFoundError:
+            break
+        for line in text.splitlines():
+            if '"add"' not in line and '"remove"' not in line:
+                continue
+            action = json.loads(line)
+            if (add := action.get("add")) is not None:
+                if add.get("deletionVector"):
+                    return None
+                files[add["path"]] = None
+            elif (remove := action.get("remove")) is not None:
+                files.pop(remove["path"], None)
+        version += 1
+    return [absolute_path(root, unquote(path)) for path in files]

@@ -350,6 +350,36 @@ def test_an_unchanged_table_is_vacuumed_again_only_once_its_removals_matured(
     assert matured.vacuums == 2
 
 
+def test_live_files_replayed_from_the_log_are_delta_rs_own(tmp_path: Path) -> None:
+    from queue_engine.store.commit_log import live_files
+
+    def same() -> None:
+        replayed = live_files(path)
+        assert replayed is not None
+        assert sorted(replayed) == sorted(DeltaTable(path).file_uris())
+
+    path = str(tmp_path / "t")
+    open_or_create(path, TOPIC_SCHEMA)
+    same()  # no data file yet
+    fast = LocalAppender(path)
+    for i in range(12):
+        fast.append(_batch(2, i * 2))
+    write_deltalake(path, _batch(1, 100), mode="append")
+    same()
+    # Compaction removes the small files for one; the checkpoint then holds the adds.
+    m = Maintenance(_policy(compact_min_small_files=10))
+    m.upkeep(path)
+    assert m.compactions == 1 and m.checkpoints == 1
+    same()
+    fast.reopen()
+    for i in range(3):
+        fast.append(_batch(1, 200 + i))
+    DeltaTable(path).delete("id = '" + DeltaTable(path).to_pyarrow_table()["id"][0].as_py() + "'")
+    same()
+    assert live_files("s3://bucket/t") is None
+    assert live_files(str(tmp_path / "missing")) is None
+
+
 def test_checkpoints_wait_for_the_minimum_interval(tmp_path: Path) -> None:
     path = str(tmp_path / "t")
     open_or_create(path, TOPIC_SCHEMA)
