@@ -19,6 +19,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -36,6 +37,13 @@ def build(wh: Warehouse, channels: int) -> None:
         store.append(RegistryEvent(2 * i, now, Action.TOPIC_CREATE, f"t{i}"))
         store.append(RegistryEvent(2 * i + 1, now, Action.CHANNEL_CREATE, f"t{i}", "c", -1, 0))
     store.close()
+    # As the API's upkeep keeps it: compacted and checkpointed (20,000 one-event commits read
+    # back file by file cost each sweep ~10 s here).
+    from queue_engine.settings import Settings
+    from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
+
+    policy = MaintenancePolicy.from_settings(Settings(warehouse=wh.root))
+    Maintenance(replace(policy, compact_min_small_files=1)).upkeep(wh.registry_path)
     for i in range(channels):
         ids = write_messages(wh, f"t{i}", "c", 5, first_id=16 * i + 1)
         write_deliveries(wh, f"t{i}", "c", ids[:1], expired_fraction=0.0)
