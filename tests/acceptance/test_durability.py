@@ -201,9 +201,9 @@ def test_a_start_past_its_open_budget_serves_and_opens_the_rest_behind(
     while "topics and channels after the start" not in restarted.log():
         assert time.monotonic() < deadline, restarted.log()[-2000:]
         time.sleep(0.1)
-    # All of them, less t19's writer if the publish opened it first.
+    # All of them but what requests (here t19's writer) or the watch opened first.
     [opened] = re.findall(r"opened (\d+) topics and channels after the start", restarted.log())
-    assert int(opened) in (39, 40)
+    assert 20 <= int(opened) <= 40
     assert "serving while 20 topics and 20 channels are still being opened" in restarted.log()
     topics = httpx.get(f"{restarted.url}/stats", params={"format": "json"}).json()["topics"]
     counts = {t["topic_name"]: t["message_count"] for t in topics}
