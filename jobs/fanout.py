@@ -20,6 +20,7 @@ from jobs.command import (
     Progress,
     standalone_main,
 )
+from queue_engine.fanout import MAX_FILES_PER_TRIGGER
 from queue_engine.settings import Settings
 
 HELP = "run the fanout stream (topics -> channel tables, exactly once)"
@@ -43,9 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-files-per-trigger",
         type=int,
-        default=200,
+        default=MAX_FILES_PER_TRIGGER,
         metavar="N",
-        help="topic files read per micro-batch at most (default 200)",
+        help=f"topic files read per micro-batch at most (default {MAX_FILES_PER_TRIGGER})",
     )
     parser.add_argument(
         "--channel-writes",

@@ -28,7 +28,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
-from queue_engine.fanout import CHANNEL_COLUMNS, CHANNEL_WRITES, receivers, route
+from queue_engine.fanout import (
+    CHANNEL_COLUMNS,
+    CHANNEL_WRITES,
+    MAX_FILES_PER_TRIGGER,
+    receivers,
+    route,
+)
 from queue_engine.registry import ChannelInfo, Registry
 from queue_engine.spark.session import (
     Engine,
@@ -268,7 +274,7 @@ def start_fanout(
     *,
     once: bool,
     checkpoint: str | None = None,
-    max_files_per_trigger: int = 200,
+    max_files_per_trigger: int = MAX_FILES_PER_TRIGGER,
     channel_format: str | None = None,
     prefetch: bool | None = None,
 ) -> StreamingQuery:

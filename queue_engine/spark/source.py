@@ -59,6 +59,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from queue_engine.fanout import MAX_FILES_PER_TRIGGER
 from queue_engine.registry import Registry
 from queue_engine.spark import fold_inputs
 from queue_engine.spark.channel_tables import (
@@ -85,7 +86,7 @@ from queue_engine.store.tables import (
 
 # Each Python task costs ~30 ms to start: group files so a task has real work.
 DEFAULT_FILES_PER_PARTITION = 256
-DEFAULT_MAX_FILES_PER_TRIGGER = 200
+DEFAULT_MAX_FILES_PER_TRIGGER = MAX_FILES_PER_TRIGGER
 # The rows of a micro-batch are collected on the driver by the fanout: cap them so a backlog
 # is moved in bounded steps (200k rows of 200 bytes ~ 40 MB) instead of one OOM-sized batch.
 DEFAULT_MAX_ROWS_PER_TRIGGER = 200_000
