@@ -24,7 +24,6 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from queue_engine.spark.channel_tables import FILES_PER_PARTITION, TABLE_SCHEMAS
 from queue_engine.state_fold import FOLD_INPUT_SCHEMA, event_input, message_input, state_input
-from queue_engine.store.commit_log import added_files
 from queue_engine.store.tables import filesystem, parquet_dataset
 
 # The channel's number in the sweep's plan, on every input and output row.
@@ -46,14 +45,13 @@ def encode(inputs: Sequence[Input]) -> str:
 
 
 def _files(entry: Input) -> list[str]:
+    # The batch reader's own file selection (imported here: source.py imports this module).
+    from queue_engine.spark.source import Selection
+
     kind, path, _, a, b = entry
     if kind == "state":
-        from deltalake import DeltaTable
-
-        dt = DeltaTable(path)
-        dt.load_as_version(a)
-        return list(dt.file_uris())
-    return [f.path for f in added_files(path, a, b)]
+        return Selection(version_as_of=a).files(path)
+    return Selection(after_version=a, to_version=b).files(path)
 
 
 class FoldInputsReader(DataSourceReader):
