@@ -8,8 +8,13 @@
    prints msg/s over the run, and the same run's fixed cost (Spark start/stop) measured on an
    empty warehouse.
 
+With ``--store s3`` (latency only) the warehouse is on moto's S3 server behind a loopback proxy
+adding ``--store-delay-ms`` to every request the API and the fanout make; the tailer reads
+the store directly, without the delay.
+
     python bench/fanout.py [--rate 200] [--seconds 20] [--backlog 1000000]
                            [--channel-writes auto|driver|deltaq] [--embedded]
+                           [--store local|s3] [--store-delay-ms 20]
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+import procs  # noqa: E402
 from loadgen import run  # noqa: E402
 from procs import (  # noqa: E402
     HOST,
@@ -34,9 +40,11 @@ from procs import (  # noqa: E402
     fanout_process,
     file_create_us,
     free_port,
+    object_store,
     post,
     publish_timestamps,
     stop,
+    warehouse_arg,
 )
 
 from queue_engine.store.commit_log import added_files, latest_version  # noqa: E402
@@ -56,18 +64,38 @@ def latency(rate: int, seconds: float, warmup: float, job_args: list[str], embed
                 fanout = fanout_process(wh, "--every", "10", module="jobs.embedded")
             else:
                 fanout = fanout_process(wh, *job_args)
+            remote = bool(procs.direct_store_env)
             channel = wh / "channels" / "lat" / "c" / "messages"
+            channel_url = f"{warehouse_arg(wh)}/channels/lat/c/messages"
+            if remote:
+                os.environ.update(procs.direct_store_env)
             # Wait for the job to be up: publish probes until one shows up in the channel.
             deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and not (channel / "_delta_log").exists():
+            while time.monotonic() < deadline and (
+                _remote_version(channel_url, -1) < 0
+                if remote
+                else not (channel / "_delta_log").exists()
+            ):
                 post(port, "/pub?topic=lat", b"warmup 0")
                 time.sleep(0.5)
-            known = latest_version(str(channel))
+            known = _remote_version(channel_url, -1) if remote else latest_version(str(channel))
             samples: list[float] = []
             # Publish -> the topic commit's file time: the API's share of each sample.
             topic_log = wh / "topics" / "lat" / "_delta_log"
             api_share: list[float] = []
             done = threading.Event()
+
+            def tail_remote() -> None:
+                nonlocal known
+                while not done.is_set():
+                    latest = _remote_version(channel_url, known)
+                    if latest > known:
+                        now = time.time_ns()
+                        for body in _remote_bodies(channel_url, known, latest):
+                            if body.startswith(b"t "):
+                                samples.append((now - int(body[2:])) / 1e6)
+                        known = latest
+                    time.sleep(0.002)
 
             def tail() -> None:
                 nonlocal known
@@ -90,7 +118,7 @@ def latency(rate: int, seconds: float, warmup: float, job_args: list[str], embed
                         known = latest
                     time.sleep(0.002)
 
-            tailer = threading.Thread(target=tail, daemon=True)
+            tailer = threading.Thread(target=tail_remote if remote else tail, daemon=True)
             tailer.start()
             publish_timestamps(port, "lat", rate, warmup, prefix="w")
             sent = publish_timestamps(port, "lat", rate, seconds)
@@ -99,7 +127,7 @@ def latency(rate: int, seconds: float, warmup: float, job_args: list[str], embed
             batches = [
                 line
                 for line in (wh.parent / "fanout.log").read_text().splitlines()
-                if "fanout batch" in line
+                if "fanout batch" in line or "fanout trigger" in line
             ]
             print("\n".join(batches[-int(os.environ.get("SHOW_BATCHES", "5")) :]))
             tailer.join(5)
@@ -116,14 +144,43 @@ def latency(rate: int, seconds: float, warmup: float, job_args: list[str], embed
                 f"publish -> channel row visible, {rate} msg/s for {seconds:.0f} s: "
                 f"p50 {p(samples, 0.5):.0f} ms, p99 {p(samples, 0.99):.0f} ms, "
                 f"max {samples[-1]:.0f} ms ({len(samples)}/{sent} seen; "
-                f"file create {create_us:.0f} us); of which publish -> topic commit "
-                f"p50 {p(api_share, 0.5):.0f} ms, p99 {p(api_share, 0.99):.0f} ms "
-                "(file times: ~4 ms resolution)"
+                + (
+                    "the store read directly)"
+                    if remote
+                    else f"file create {create_us:.0f} us); of which publish -> topic commit "
+                    f"p50 {p(api_share, 0.5):.0f} ms, p99 {p(api_share, 0.99):.0f} ms "
+                    "(file times: ~4 ms resolution)"
+                )
             )
         finally:
             if fanout is not None:
                 stop(fanout, group=True)
             stop(api)
+
+
+def _remote_version(table_url: str, known: int) -> int:
+    """The newest version of a table on the store (-1: none yet)."""
+    from queue_engine.store.object_store import newest_commit_after
+
+    return newest_commit_after(table_url, known)
+
+
+def _remote_bodies(table_url: str, after: int, through: int) -> list[bytes]:
+    """The bodies the commits (after, through] of a table on the store added."""
+    import io
+    import json
+
+    from queue_engine.store.object_store import read_object
+
+    bodies: list[bytes] = []
+    for version in range(after + 1, through + 1):
+        commit = read_object(f"{table_url}/_delta_log/{version:020d}.json") or b""
+        for line in commit.splitlines():
+            add = json.loads(line).get("add")
+            if add:
+                data = read_object(f"{table_url}/{add['path']}") or b""
+                bodies += pq.read_table(io.BytesIO(data), columns=["body"])["body"].to_pylist()
+    return bodies
 
 
 def backlog(count: int, job_args: list[str]) -> None:
@@ -184,8 +241,19 @@ def main() -> int:
         action="store_true",
         help="latency with the fanout and the sweep (every 10 s) on one Spark, as deltaq up",
     )
+    parser.add_argument("--store", default="local", choices=["local", "s3"])
+    parser.add_argument("--store-delay-ms", type=float, default=20.0)
     args = parser.parse_args()
     job_args = ["--channel-writes", args.channel_writes]
+    if args.store == "s3":
+        if args.only != "latency":
+            parser.error("--store s3 measures latency only (--only latency)")
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            object_store("s3", args.store_delay_ms, Path(tmp)),
+        ):
+            latency(args.rate, args.seconds, args.warmup, job_args, args.embedded)
+        return 0
     if args.only in (None, "latency"):
         latency(args.rate, args.seconds, args.warmup, job_args, args.embedded)
     if args.only in (None, "backlog"):

@@ -20,6 +20,8 @@ HOST = "127.0.0.1"
 # Where warehouses go when a benchmark runs on object storage (``object_store``): the URL
 # prefix and the store's variables; None: local disk.
 _store: tuple[str, dict[str, str]] | None = None
+# The store's variables without the added delay (``object_store``).
+direct_store_env: dict[str, str] = {}
 
 
 @contextlib.contextmanager
@@ -38,6 +40,9 @@ def object_store(kind: str, delay_ms: float, workdir: Path) -> Iterator[str]:
     try:
         s3.create_bucket("deltaq-bench")
         _store = ("s3://deltaq-bench", store_env(proxy.endpoint))
+        # Measurements read the store directly: what they see, not the added delay.
+        global direct_store_env
+        direct_store_env = store_env(s3.endpoint)
         yield f"moto's S3 + {delay_ms:.0f} ms per request (loopback proxy)"
     finally:
         _store = None
@@ -128,10 +133,9 @@ def fanout_process(
     """``deltaq fanout`` (or, with ``module="jobs.embedded"``, the fanout and the sweep on one
     Spark as ``deltaq up`` runs them), logging to ``fanout.log`` beside the warehouse."""
     log = open(warehouse.parent / "fanout.log", "ab")  # noqa: SIM115 - owned by the child
+    # On a store the checkpoint is the default, in the warehouse: this Spark has no S3A
+    # connector, so the fanout mirrors it there (queue_engine.spark.checkpoint_mirror).
     env = store_env()
-    if _store is not None:
-        # This Spark has no S3A connector: the stream's checkpoint stays on local disk.
-        env["DELTAQ_FANOUT_CHECKPOINT"] = str(warehouse.parent / "fanout-checkpoint")
     return subprocess.Popen(
         [sys.executable, "-m", module, "--warehouse", warehouse_arg(warehouse), *extra],
         cwd=ROOT,
@@ -173,10 +177,13 @@ def wait_all_open(warehouse: Path) -> bool:
     """After a restart over many topics: wait until the API opened every topic and channel
     (its log says so); False if the start had opened them all before answering."""
     log = warehouse.parent / "api.log"
-    if "still being opened" not in log.read_text(errors="replace"):
+    # The log is appended to across starts over the same warehouse: the newest lines count.
+    text = log.read_text(errors="replace")
+    if text.rfind("still being opened") < text.rfind("after the start in"):
         return False
-    while "after the start in" not in log.read_text(errors="replace"):
+    while text.rfind("still being opened") > text.rfind("after the start in"):
         time.sleep(1)
+        text = log.read_text(errors="replace")
     return True
 
 

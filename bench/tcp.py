@@ -12,7 +12,11 @@
 Prints each figure for both and the ratio deltaq / nsqd. The load generator is Python
 (processes of raw sockets, frames parsed in bulk); both servers get the same.
 
+With ``--store s3`` deltaq's warehouse is on moto's S3 server behind a loopback proxy adding
+``--store-delay-ms`` to every request (nsqd keeps its files on local disk, as it always does).
+
     python bench/tcp.py [--backlog 200000] [--seconds 10] [--rate 200] [--only consume]
+                        [--consumers 4] [--store local|s3] [--store-delay-ms 20]
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from procs import (  # noqa: E402
     fanout_process,
     free_port,
     nsqd_process,
+    object_store,
     post,
     stop,
 )
@@ -118,7 +123,9 @@ def _consume(
     sock.close()
 
 
-def consume(target: Target, backlog: int, prepare: Callable[[], None]) -> float:
+def consume(
+    target: Target, backlog: int, prepare: Callable[[], None], consumers: int = CONSUMERS
+) -> float:
     topic = "bench_consume"
     post(target.http_port, f"/topic/create?topic={topic}")
     post(target.http_port, f"/channel/create?topic={topic}&channel=c")
@@ -133,7 +140,7 @@ def consume(target: Target, backlog: int, prepare: Callable[[], None]) -> float:
     stop_at = mp.Value("b", 0)
     procs = [
         mp.Process(target=_consume, args=(target.tcp_port, topic, done, stop_at, None))
-        for _ in range(CONSUMERS)
+        for _ in range(consumers)
     ]
     started = time.perf_counter()
     for p in procs:
@@ -147,7 +154,7 @@ def consume(target: Target, backlog: int, prepare: Callable[[], None]) -> float:
     rss = psutil.Process(target.pid).memory_info().rss / 2**20
     rate = done.value / elapsed
     print(
-        f"  {target.name}: consume {done.value:,} of {backlog:,}, {CONSUMERS} consumers RDY "
+        f"  {target.name}: consume {done.value:,} of {backlog:,}, {consumers} consumers RDY "
         f"{RDY}, FIN each: {rate:,.0f} msg/s ({elapsed:.1f} s; server RSS {rss:,.0f} MiB)",
         flush=True,
     )
@@ -283,9 +290,16 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--rate", type=int, default=200)
     parser.add_argument("--only", choices=["consume", "publish", "latency"])
+    parser.add_argument("--consumers", type=int, default=CONSUMERS)
+    parser.add_argument("--store", default="local", choices=["local", "s3"])
+    parser.add_argument("--store-delay-ms", type=float, default=20.0)
     args = parser.parse_args()
     results: dict[str, dict[str, float]] = {"deltaq": {}, "nsqd": {}}
-    with tempfile.TemporaryDirectory() as tmp:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        object_store(args.store, args.store_delay_ms, Path(tmp)) as where,
+    ):
+        print(f"deltaq's warehouse: {where}", flush=True)
         for name in ("nsqd", "deltaq"):
             tcp_port, http_port = free_port(), free_port()
             wh = Path(tmp) / name / "wh"
@@ -311,7 +325,7 @@ def main() -> int:
                             once = fanout_process(wh, "--once")
                             assert once.wait(1800) == 0
 
-                    figures["consume"] = consume(target, args.backlog, prepare)
+                    figures["consume"] = consume(target, args.backlog, prepare, args.consumers)
                 if args.only in (None, "latency"):
                     if name == "deltaq":
                         fanout = fanout_process(wh)
@@ -323,7 +337,7 @@ def main() -> int:
     ours, theirs = results["deltaq"], results["nsqd"]
     print("deltaq / nsqd:")
     for key, label in (
-        ("consume", f"consume ({CONSUMERS} consumers, RDY {RDY})"),
+        ("consume", f"consume ({args.consumers} consumers, RDY {RDY})"),
         ("pub", f"PUB, {PUBLISHERS} connections"),
         ("mpub", f"MPUB x100, {PUBLISHERS} connections"),
     ):

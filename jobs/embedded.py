@@ -9,6 +9,7 @@ settings whole, as JSON on standard input (--config -).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -42,12 +43,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    from queue_engine.store.job_lock import JobLock
+
+    every = args.every if args.every is not None else settings.sweep_interval_s
+    with contextlib.ExitStack() as held:
+        for job in ("fanout", "sweep"):
+            held.enter_context(JobLock(settings.warehouse, job, lease_s=settings.store_lease_s))
+        return _run(args, settings, every)
+
+
+def _run(args: argparse.Namespace, settings: Settings, every: float) -> int:
     from jobs.sweep import run_every
-    from queue_engine.spark.fanout_stream import channel_format_for, start_fanout
+    from queue_engine.spark.fanout_stream import channel_format_for, finish_fanout, start_fanout
     from queue_engine.spark.session import build_session, quiet_stream_stop
     from queue_engine.store.tables import Warehouse
 
-    every = args.every if args.every is not None else settings.sweep_interval_s
     spark = build_session(
         args.master, "deltaq-jobs", connect_port=settings.spark_connect_port or None
     )
@@ -88,6 +98,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             stop.set()
     quiet_stream_stop(spark)
     query.stop()
+    finish_fanout(query)
     sweeper.join(120)
     failed = query.exception() is not None
     spark.stop()

@@ -10,8 +10,10 @@ import argparse
 import logging
 import signal
 import sys
+import threading
 import time
 from types import FrameType
+from typing import TYPE_CHECKING
 
 if __name__ == "__main__":
     sys.path.insert(0, __file__.rsplit("/jobs/", 1)[0])
@@ -22,6 +24,9 @@ from jobs.command import (
 )
 from queue_engine.fanout import MAX_FILES_PER_TRIGGER
 from queue_engine.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 HELP = "run the fanout stream (topics -> channel tables, exactly once)"
 log = logging.getLogger("deltaq.fanout")
@@ -59,11 +64,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from queue_engine.spark.fanout_stream import channel_format_for, start_fanout
-    from queue_engine.spark.session import build_session, quiet_stream_stop
+    from queue_engine.spark.session import build_session
+    from queue_engine.store.job_lock import JobLock
+
+    with JobLock(settings.warehouse, "fanout", lease_s=settings.store_lease_s):
+        return _run(args, settings, build_session(args.master, "deltaq-fanout"))
+
+
+def _run(args: argparse.Namespace, settings: Settings, spark: SparkSession) -> int:
+    from queue_engine.spark.fanout_stream import channel_format_for, finish_fanout, start_fanout
+    from queue_engine.spark.session import quiet_stream_stop
     from queue_engine.store.tables import Warehouse
 
-    spark = build_session(args.master, "deltaq-fanout")
     query = start_fanout(
         spark,
         Warehouse(settings.warehouse),
@@ -73,16 +85,26 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         channel_format=channel_format_for(spark, args.channel_writes),
     )
 
+    # A signal only asks: the handler runs in the main thread, possibly in the middle of a
+    # call to the JVM, and a call of its own there would break that one's connection.
+    stopping = threading.Event()
+
     def stop(signum: int, frame: FrameType | None) -> None:
-        quiet_stream_stop(spark)
-        query.stop()
+        stopping.set()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    if args.once:
-        _follow(query)
-    query.awaitTermination()
+    progress = _Follow() if args.once else None
+    while not query.awaitTermination(1):
+        if progress is not None:
+            progress.update(query)
+        if stopping.is_set():
+            quiet_stream_stop(spark)
+            query.stop()
+    if progress is not None:
+        progress.done(query)
     exception = query.exception()
+    finish_fanout(query)
     spark.stop()
     if exception is not None:
         log.error("fanout failed: %s", exception)
@@ -90,29 +112,34 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _follow(query: object) -> None:
+class _Follow:
     """A progress line while a one-shot fanout runs: batches done and messages moved."""
-    progress = Progress()
-    started = time.monotonic()
-    rows = 0
-    seen: set[int] = set()
-    while query.isActive:  # type: ignore[attr-defined]
+
+    def __init__(self) -> None:
+        self.progress = Progress()
+        self.started = time.monotonic()
+        self.rows = 0
+        self.seen: set[int] = set()
+
+    def _count(self, query: object) -> None:
         for p in query.recentProgress:  # type: ignore[attr-defined]
-            if p["batchId"] not in seen:
-                seen.add(p["batchId"])
-                rows += int(p["numInputRows"])
-        progress(
-            f"fanout: {len(seen)} batches, {rows:,} messages, {time.monotonic() - started:.0f} s"
+            if p["batchId"] not in self.seen:
+                self.seen.add(p["batchId"])
+                self.rows += int(p["numInputRows"])
+
+    def update(self, query: object) -> None:
+        self._count(query)
+        self.progress(
+            f"fanout: {len(self.seen)} batches, {self.rows:,} messages, "
+            f"{time.monotonic() - self.started:.0f} s"
         )
-        time.sleep(0.5)
-    for p in query.recentProgress:  # type: ignore[attr-defined]
-        if p["batchId"] not in seen:
-            seen.add(p["batchId"])
-            rows += int(p["numInputRows"])
-    progress.done(
-        f"fanout: done, {len(seen)} batches, {rows:,} messages in "
-        f"{time.monotonic() - started:.1f} s"
-    )
+
+    def done(self, query: object) -> None:
+        self._count(query)
+        self.progress.done(
+            f"fanout: done, {len(self.seen)} batches, {self.rows:,} messages in "
+            f"{time.monotonic() - self.started:.1f} s"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

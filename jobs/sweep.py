@@ -75,11 +75,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from queue_engine.retention import RetentionPolicy
     from queue_engine.spark.session import build_session
     from queue_engine.spark.sweep import sweep
+    from queue_engine.store.job_lock import JobLock
     from queue_engine.store.tables import Warehouse
 
     warehouse = Warehouse(settings.warehouse)
     if args.every is None and not warehouse.exists():
         raise CommandError(f"no deltaq warehouse at {settings.warehouse} (no registry table)")
+    lock = JobLock(settings.warehouse, "sweep", lease_s=settings.store_lease_s).acquire()
     spark = build_session(args.master, "deltaq-sweep")
     try:
         if args.every is None:
@@ -115,6 +117,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     finally:
         spark.stop()
+        lock.release()
 
 
 def main(argv: list[str] | None = None) -> int:

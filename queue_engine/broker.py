@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import heapq
 import itertools
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -31,7 +33,7 @@ from queue_engine.stats import ChannelStats, TopicStats, percentile_ms
 from queue_engine.store.commit_log import latest_version
 from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
 from queue_engine.store.nodes import Node, NodeDirectory, NodeRecord
-from queue_engine.store.notices import NoticeReader
+from queue_engine.store.notices import NoticeReader, NoticeWriter, topic_writer
 from queue_engine.store.object_store import is_remote
 from queue_engine.store.ownership import Ownership
 from queue_engine.store.registry_store import RegistryMovedError, RegistryStore
@@ -57,6 +59,11 @@ PUMP_COALESCE_S = 0.05
 # an object store).
 NOTICE_POLL_S = 0.05
 NOTICE_POLL_REMOTE_S = 0.25
+# How often a node posts the topics it committed to (while it commits), and how much of that
+# a notice keeps: ~5 s of posts, so a fanout trigger slower than that probes every topic.
+TOPIC_NOTICE_S = 0.1
+TOPIC_NOTICE_BATCHES = 50
+TOPIC_NOTICE_TOPICS = 10_000
 # With several nodes: how often a node looks for registry events other nodes committed, and
 # for nodes that died (whose channels it then takes over).
 WATCH_INTERVAL_S = 1.0
@@ -102,6 +109,11 @@ class Broker:
         self._next_due: dict[ChannelRuntime, float] = {}
         self._notices = NoticeReader(settings.warehouse)
         self._notice_task: asyncio.Task[None] | None = None
+        # Topics committed to since the last topic notice (writer threads add, the loop posts).
+        self._written_topics: set[str] = set()
+        self._written_lock = threading.Lock()
+        self._topic_notices: NoticeWriter | None = None
+        self._topic_notice_task: asyncio.Task[None] | None = None
         # Opening what the start's budget left (None: nothing was left).
         self._opening: asyncio.Task[None] | None = None
         # Set when a channel turns hot: the pump, asleep until the next due channel, wakes.
@@ -147,6 +159,7 @@ class Broker:
         self.maintenance.start()
         self._pump = asyncio.get_running_loop().create_task(self._run_pump())
         self._notice_task = asyncio.get_running_loop().create_task(self._follow_notices())
+        self._topic_notice_task = asyncio.get_running_loop().create_task(self._post_topic_notices())
         if self.node is not None:
             self._watch = asyncio.get_running_loop().create_task(self._run_watch())
         log.info(
@@ -228,6 +241,8 @@ class Broker:
             self._pump.cancel()
         if self._notice_task is not None:
             self._notice_task.cancel()
+        if self._topic_notice_task is not None:
+            self._topic_notice_task.cancel()
         if self._watch is not None:
             self._watch.cancel()
         for runtime in list(self._channels.values()):
@@ -286,6 +301,31 @@ class Broker:
             log.error("lost %d buffered publishes: %s", len(tokens) - len(waiting), error)
         if waiting and self._loop is not None:
             self._loop.call_soon_threadsafe(_resolve, waiting, error)
+
+    def _topic_committed(self, name: str, tokens: list[Any], error: BaseException | None) -> None:
+        if error is None:
+            with self._written_lock:
+                self._written_topics.add(name)
+        self._committed(tokens, error)
+
+    async def _post_topic_notices(self) -> None:
+        """Tell the fanout which topics got commits, every TOPIC_NOTICE_S while any do: over
+        many topics it probes those instead of every topic's log."""
+        lane = self.node.lane if self.node is not None else None
+        self._topic_notices = await asyncio.to_thread(
+            NoticeWriter,
+            self.settings.warehouse,
+            topic_writer(lane),
+            keep_batches=TOPIC_NOTICE_BATCHES,
+            keep_channels=TOPIC_NOTICE_TOPICS,
+        )
+        while True:
+            await asyncio.sleep(TOPIC_NOTICE_S)
+            with self._written_lock:
+                written, self._written_topics = self._written_topics, set()
+            if written:
+                # post() never raises: a lost notice costs the fanout latency, not messages.
+                await asyncio.to_thread(self._topic_notices.post, [(t, "") for t in written])
 
     def _checkpointed(self, path: str) -> None:
         for writer in list(self._writers.values()):
@@ -900,7 +940,7 @@ class Broker:
     def _open_writer(self, name: str) -> TopicWriter:
         writer = TopicWriter(
             self.warehouse.topic_path(name),
-            self._committed,
+            functools.partial(self._topic_committed, name),
             commit_max_bytes=self.settings.commit_max_bytes,
             name=name,
             id_lane=self.node.lane if self.node is not None else 0,

@@ -80,6 +80,14 @@ class S3Server:
         s3 = boto3.client("s3", **client_arguments(self.endpoint))
         s3.create_bucket(Bucket=name)
 
+    def keys(self, bucket: str, prefix: str) -> set[str]:
+        """The keys under ``prefix``, relative to it."""
+        import boto3
+
+        s3 = boto3.client("s3", **client_arguments(self.endpoint))
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return {o["Key"][len(prefix) :] for page in pages for o in page.get("Contents", [])}
+
 
 def store_env(endpoint: str) -> dict[str, str]:
     """The standard variables that point delta-rs, obstore, pyarrow and boto3 at ``endpoint``."""

@@ -32,6 +32,9 @@ def spark_env() -> dict[str, str]:
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         # The launcher scripts source conf/spark-env.sh if present; none is wanted.
         "SPARK_CONF_DIR": str(SPARK_HOME / "conf-none"),
+        # A daemon whose port was taken meanwhile fails instead of binding the next one (which
+        # the tests would not know): the ports come from free_port(), free only when asked.
+        "SPARK_DAEMON_JAVA_OPTS": "-Dspark.port.maxRetries=0",
     }
 
 
@@ -49,18 +52,24 @@ class SparkCluster:
         return f"spark://{HOST}:{self.port}"
 
     def start(self) -> SparkCluster:
-        self.port, self.ui_port = free_port(), free_port()
-        self.master = self._launch(
-            "master",
-            "org.apache.spark.deploy.master.Master",
-            "--host",
-            HOST,
-            "--port",
-            str(self.port),
-            "--webui-port",
-            str(self.ui_port),
-        )
-        self._wait(lambda state: True, "the master")
+        for attempt in range(3):
+            self.port, self.ui_port = free_port(), free_port()
+            self.master = self._launch(
+                "master",
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                HOST,
+                "--port",
+                str(self.port),
+                "--webui-port",
+                str(self.ui_port),
+            )
+            try:
+                self._wait(lambda state: True, "the master", process=self.master)
+                break
+            except ChildProcessError:
+                if attempt == 2:
+                    raise
         self.start_worker()
         return self
 
@@ -86,7 +95,9 @@ class SparkCluster:
                 str(worker_dir),
             )
         )
-        self._wait(lambda state: state["aliveworkers"] > alive, f"worker {n}")
+        self._wait(
+            lambda state: state["aliveworkers"] > alive, f"worker {n}", process=self.workers[-1]
+        )
 
     def kill9_worker(self) -> None:
         """kill -9 the newest worker (its executors notice and exit)."""
@@ -95,13 +106,20 @@ class SparkCluster:
         worker.wait(10)
 
     def state(self) -> dict[str, Any]:
-        answer: dict[str, Any] = httpx.get(f"http://{HOST}:{self.ui_port}/json/", timeout=5).json()
+        """The master's state from its UI; ``LookupError`` if something else answers there."""
+        response = httpx.get(f"http://{HOST}:{self.ui_port}/json/", timeout=5)
+        try:
+            answer: dict[str, Any] = response.json()
+        except ValueError as exc:
+            raise LookupError(f"not the master's UI at port {self.ui_port}") from exc
+        if answer.get("url") != self.url:
+            raise LookupError(f"not this master at port {self.ui_port}: {answer.get('url')}")
         return answer
 
     def alive_workers(self) -> int:
         try:
             return int(self.state()["aliveworkers"])
-        except httpx.HTTPError:
+        except (httpx.HTTPError, LookupError):
             return 0
 
     def applications(self) -> list[dict[str, Any]]:
@@ -127,13 +145,19 @@ class SparkCluster:
             stderr=subprocess.STDOUT,
         )
 
-    def _wait(self, ready: Any, what: str, timeout_s: float = 60) -> None:
+    def _wait(
+        self, ready: Any, what: str, process: subprocess.Popen[bytes], timeout_s: float = 60
+    ) -> None:
+        """Until ``ready(state)``; ``ChildProcessError`` if ``process`` exits first (e.g. its
+        port was taken)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise ChildProcessError(f"{what} exited ({process.returncode}); see {self.workdir}")
             try:
                 if ready(self.state()):
                     return
-            except httpx.HTTPError:
+            except (httpx.HTTPError, LookupError):
                 pass
             time.sleep(0.3)
         raise TimeoutError(f"{what} did not start; see {self.workdir}")

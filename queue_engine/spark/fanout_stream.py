@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
@@ -26,6 +27,13 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming.listener import (
+    QueryIdleEvent,
+    QueryProgressEvent,
+    QueryStartedEvent,
+    QueryTerminatedEvent,
+    StreamingQueryListener,
+)
 from pyspark.sql.streaming.query import StreamingQuery
 
 from queue_engine.fanout import (
@@ -36,7 +44,9 @@ from queue_engine.fanout import (
     route,
 )
 from queue_engine.registry import ChannelInfo, Registry
+from queue_engine.spark.checkpoint_mirror import CheckpointMirror
 from queue_engine.spark.session import (
+    CheckpointLocationError,
     Engine,
     checkpoint_has_batches,
     checkpoint_location,
@@ -44,13 +54,14 @@ from queue_engine.spark.session import (
 )
 from queue_engine.store.append_once import IdempotentAppender
 from queue_engine.store.notices import NoticeWriter
-from queue_engine.store.object_store import StoreError
+from queue_engine.store.object_store import StoreError, is_remote
 from queue_engine.store.registry_store import RegistryReader
 from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, Warehouse, open_or_create
 
 log = logging.getLogger(__name__)
 
 FANOUT_APP_ID = "deltaq-fanout"
+FANOUT_QUERY = "deltaq-fanout"
 # Channel tables a micro-batch appends to at once.
 WRITE_THREADS = 8
 
@@ -133,12 +144,16 @@ def fanout_batch(
     registry_reader: RegistryReader,
     sinks: ChannelSinks,
     notices: NoticeWriter | None = None,
+    before_writes: Callable[[], object] | None = None,
 ) -> int:
     """Write one micro-batch into the channel tables; return the number of rows written.
-    ``notices``: where to tell the API nodes which channels got rows."""
+    ``notices``: where to tell the API nodes which channels got rows; ``before_writes``: what
+    must be done before the first channel commit (waited for after the batch is read)."""
     started = time.perf_counter()
     rows = df.toArrow()
     read_s = time.perf_counter() - started
+    if before_writes is not None:
+        before_writes()
     if rows.num_rows == 0:
         return 0
     registry = registry_reader.get()
@@ -146,8 +161,9 @@ def fanout_batch(
     routed = route(rows, registry)
     written = sinks.append_all(registry, routed, batch_id)
     if notices is not None:
-        # A replayed batch too: its rows may have landed after the nodes last looked.
-        notices.post(routed)
+        # A replayed batch too: its rows may have landed after the nodes last looked. Posted
+        # off the batch's path (a hint; one PUT on an object store).
+        notices.post_soon(routed)
     log.info(
         "fanout batch %d: %d rows in, %d channel rows out to %d channels "
         "(read %.0f ms, write %.0f ms)",
@@ -169,11 +185,14 @@ def fanout_batch_by_spark(
     channel_format: str,
     created: set[tuple[str, int]],
     notices: NoticeWriter | None = None,
+    before_writes: Callable[[], object] | None = None,
 ) -> int:
     """Write one micro-batch into the channel tables with Spark's writer; return the number of
     channel tables written. ``created``: the (table, channel creation) pairs known to exist,
     kept across batches (opening a table to check replays its log)."""
     started = time.perf_counter()
+    if before_writes is not None:
+        before_writes()
     registry = registry_reader.get()
     # Read once, written to several channels (Spark's advice for foreachBatch fanouts).
     df.persist()
@@ -211,7 +230,7 @@ def fanout_batch_by_spark(
     finally:
         df.unpersist()
     if notices is not None:
-        notices.post(wrote)
+        notices.post_soon(wrote)
     log.info(
         "fanout batch %d: %d topics, %d channel tables written with format(%s) (%.0f ms)",
         batch_id,
@@ -268,6 +287,44 @@ def _prefetch(spark: SparkSession, prefetch: bool | None) -> bool:
     return (spark.sparkContext.master or "local").startswith("local")
 
 
+class TriggerLog(StreamingQueryListener):
+    """One line per fanout trigger that moved rows: its whole duration and where it went.
+
+    A batch's own line (``fanout batch N``) times its read and write only; a message also
+    waits for the trigger's planning (probing the topics for new versions) and Spark's
+    offset and commit logs, which this line shows.
+    """
+
+    def onQueryStarted(self, event: QueryStartedEvent) -> None:
+        return None
+
+    def onQueryProgress(self, event: QueryProgressEvent) -> None:
+        progress = event.progress
+        if progress.name != FANOUT_QUERY or not progress.numInputRows:
+            return
+        durations = progress.durationMs
+        log.info(
+            "fanout trigger %d: %d ms (latestOffset %d, addBatch %d, walCommit %d, "
+            "commitOffsets %d)",
+            progress.batchId,
+            durations.get("triggerExecution", 0),
+            durations.get("latestOffset", 0),
+            durations.get("addBatch", 0),
+            durations.get("walCommit", 0),
+            durations.get("commitOffsets", 0),
+        )
+
+    def onQueryIdle(self, event: QueryIdleEvent) -> None:
+        return None
+
+    def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:
+        return None
+
+
+# Sessions with a TriggerLog already (one session may run several fanouts in turn).
+_logged_sessions: set[int] = set()
+
+
 def start_fanout(
     spark: SparkSession,
     warehouse: Warehouse,
@@ -309,27 +366,78 @@ def start_fanout(
         if channel_format is None
         else f"by Spark's writer, format({channel_format})",
     )
+    location, mirror = _checkpoint(spark, checkpoint or f"{warehouse.checkpoints_root}/fanout")
     notices = NoticeWriter(warehouse.root, "fanout")
     if channel_format is None:
         sinks = ChannelSinks(warehouse)
 
-        def each_batch(df: DataFrame, batch_id: int) -> None:
-            fanout_batch(df, batch_id, registry_reader, sinks, notices)
+        def write(df: DataFrame, batch_id: int, ready: Callable[[], object] | None) -> None:
+            fanout_batch(df, batch_id, registry_reader, sinks, notices, ready)
 
     else:
         format_name = channel_format
         created: set[tuple[str, int]] = set()
 
-        def each_batch(df: DataFrame, batch_id: int) -> None:
+        def write(df: DataFrame, batch_id: int, ready: Callable[[], object] | None) -> None:
             fanout_batch_by_spark(
-                df, batch_id, registry_reader, warehouse, format_name, created, notices
+                df, batch_id, registry_reader, warehouse, format_name, created, notices, ready
             )
 
-    location = checkpoint_location(spark, checkpoint or f"{warehouse.checkpoints_root}/fanout")
-    if not checkpoint_has_batches(spark, location):
-        refuse_foreign_history(warehouse, registry_reader.get(), location)
-    writer = source.writeStream.foreachBatch(each_batch).option("checkpointLocation", location)
-    writer = (
-        writer.trigger(availableNow=True) if once else writer.trigger(processingTime="0 seconds")
-    )
-    return writer.queryName("deltaq-fanout").start()
+    pushing = ThreadPoolExecutor(1, thread_name_prefix="deltaq-checkpoint-push")
+
+    def each_batch(df: DataFrame, batch_id: int) -> None:
+        if mirror is None:
+            write(df, batch_id, None)
+            return
+        # This batch's offsets in the store before any channel commits its rows; put while
+        # the batch is read.
+        write(df, batch_id, pushing.submit(mirror.push).result)
+
+    try:
+        if not checkpoint_has_batches(spark, location):
+            shown = mirror.url if mirror else location
+            refuse_foreign_history(warehouse, registry_reader.get(), shown)
+        writer = source.writeStream.foreachBatch(each_batch).option("checkpointLocation", location)
+        writer = (
+            writer.trigger(availableNow=True)
+            if once
+            else writer.trigger(processingTime="0 seconds")
+        )
+        if id(spark) not in _logged_sessions:
+            spark.streams.addListener(TriggerLog())
+            _logged_sessions.add(id(spark))
+        query = writer.queryName(FANOUT_QUERY).start()
+    except BaseException:
+        if mirror is not None:
+            mirror.discard()
+        raise
+    if mirror is not None:
+        _mirrors[str(query.id)] = mirror
+    return query
+
+
+# Checkpoints mirrored to a store, by the id of the query running on them.
+_mirrors: dict[str, CheckpointMirror] = {}
+# Stores whose checkpoint a local copy can mirror (obstore reaches them).
+MIRRORED_SCHEMES = ("s3", "s3a", "gs", "abfs", "abfss")
+
+
+def _checkpoint(spark: SparkSession, requested: str) -> tuple[str, CheckpointMirror | None]:
+    """Where Spark checkpoints the stream, and the mirror keeping it in a store (None: Spark
+    writes ``requested`` itself)."""
+    try:
+        return checkpoint_location(spark, requested), None
+    except CheckpointLocationError:
+        if not is_remote(requested) or requested.split("://", 1)[0] not in MIRRORED_SCHEMES:
+            raise
+    mirror = CheckpointMirror(requested)
+    mirror.restore()
+    return mirror.local, mirror
+
+
+def finish_fanout(query: StreamingQuery) -> None:
+    """After the query stopped: a mirrored checkpoint gets its last files (the last batch's
+    commit), and its local copy is removed."""
+    mirror = _mirrors.pop(str(query.id), None)
+    if mirror is not None:
+        mirror.close()

@@ -25,6 +25,8 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -74,6 +76,7 @@ from queue_engine.store.commit_log import (
     added_files,
     latest_version,
 )
+from queue_engine.store.notices import NoticeReader, topic_writers
 from queue_engine.store.object_store import is_remote, read_objects
 from queue_engine.store.registry_store import RegistryReader
 from queue_engine.store.tables import (
@@ -84,8 +87,18 @@ from queue_engine.store.tables import (
     parquet_dataset,
 )
 
+log = logging.getLogger(__name__)
+
 # Each Python task costs ~30 ms to start: group files so a task has real work.
 DEFAULT_FILES_PER_PARTITION = 256
+# Over more topics than PROBE_ALL_TOPICS, a topics stream's trigger probes for new versions only
+# the topics the API nodes' notices name plus a slice of the others, so that every topic is
+# probed at least every FULL_PROBE_S (a lost notice costs that much latency, never a message);
+# at or below it, every topic every time (a probe is a file check).
+PROBE_ALL_TOPICS = 1_000
+FULL_PROBE_S = 10.0
+# How often the stream looks for API nodes that started posting notices.
+NOTICE_WRITERS_S = 10.0
 DEFAULT_MAX_FILES_PER_TRIGGER = MAX_FILES_PER_TRIGGER
 # The rows of a micro-batch are collected on the driver by the fanout: cap them so a backlog
 # is moved in bounded steps (200k rows of 200 bytes ~ 40 MB) instead of one OOM-sized batch.
@@ -390,6 +403,10 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Rows of the batch the last latestOffset sized under a file budget (None: no budget).
         self.last_rows: int | None = None
         self._log = AddedFilesCache()
+        self._notices = NoticeReader(warehouse, writers=())
+        self._writers_listed = -math.inf
+        self._probed_at = time.monotonic()
+        self._cursor = 0
 
     def _registry(self) -> Registry:
         return self._registry_reader.get()
@@ -410,7 +427,9 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         budget = limit.max_files if isinstance(limit, ReadMaxFiles) else None
         rows_left = self.max_rows
         end: dict[str, list[int]] = {}
-        for name in sorted(registry.topics):
+        names = sorted(registry.topics)
+        probed = self._to_probe(names, everything=paused_ok)
+        for name in names:
             info = registry.topics[name]
             seq = info.created_seq
             begin_version = _begin_version(start, name, seq)
@@ -423,8 +442,11 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # Probe onwards from the newest version seen, not from the batch start: probing
             # costs one file check per version.
             known = max(begin_version, self._known.get(f"{seq}:{name}", -1))
-            latest = latest_version(path, known if known >= 0 else -1)
-            self._known[f"{seq}:{name}"] = latest
+            if probed is None or name in probed:
+                latest = latest_version(path, known if known >= 0 else -1)
+                self._known[f"{seq}:{name}"] = latest
+            else:
+                latest = known
             if self.target is not None:
                 target = self.target.get(name)
                 latest = min(latest, target[1]) if target and target[0] == seq else begin_version
@@ -438,6 +460,26 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # decides on it whether to prefetch.
         self.last_rows = None if budget is None else self.max_rows - rows_left
         return end
+
+    def _to_probe(self, names: list[str], everything: bool) -> set[str] | None:
+        """The topics this trigger probes for new versions (None: all): those named in the
+        API nodes' notices since the last trigger, and the next slice of the rest."""
+        now = time.monotonic()
+        if now - self._writers_listed >= NOTICE_WRITERS_S:
+            self._writers_listed = now
+            try:
+                self._notices.follow(topic_writers(self.warehouse.root))
+            except Exception as exc:
+                log.debug("topic notices not listed: %s", exc)
+        changed = self._notices.changes()
+        elapsed, self._probed_at = now - self._probed_at, now
+        if everything or changed is None or len(names) <= PROBE_ALL_TOPICS:
+            return None
+        share = min(len(names), max(1, math.ceil(len(names) * elapsed / FULL_PROBE_S)))
+        start = self._cursor % len(names)
+        self._cursor = start + share
+        rest = names[start : start + share] + names[: max(0, start + share - len(names))]
+        return {topic for topic, _ in changed} | set(rest)
 
     def _row_capped(self, path: str, begin: int, latest: int, rows_left: int) -> tuple[int, int]:
         """The highest version <= ``latest`` whose rows since ``begin`` fit ``rows_left`` (at

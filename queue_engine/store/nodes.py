@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from queue_engine.message import LANES
+from queue_engine.store.hold import Hold
 from queue_engine.store.object_store import is_remote
-from queue_engine.store.store_lease import StoreLease
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +98,7 @@ class Node:
         self._tcp_address = tcp_address
         self._lease_s = lease_s
         self._on_lost = on_lost
-        self._fd: int | None = None
-        self._lease: StoreLease | None = None
+        self._hold: Hold | None = None
         self.record: NodeRecord | None = None
 
     @property
@@ -163,37 +162,21 @@ class Node:
         )
 
     def _take(self, record: NodeRecord) -> bool:
-        if is_remote(self.root):
-            lease = StoreLease(
-                f"{_nodes_root(self.root)}/{record.lane}.json",
-                record.as_json(),
-                lease_s=self._lease_s,
-                on_lost=self._on_lost,
-            )
-            if not lease.try_acquire():
-                return False
-            self._lease = lease
-            return True
-        directory = _nodes_root(os.path.abspath(self.root))
-        os.makedirs(directory, exist_ok=True)
-        fd = os.open(f"{directory}/{record.lane}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        hold = Hold(
+            f"{_nodes_root(self.root)}/{record.lane}",
+            record.as_json(),
+            lease_s=self._lease_s,
+            on_lost=self._on_lost,
+        )
+        if not hold.try_take():
             return False
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(record.as_json()).encode(), 0)
-        self._fd = fd
+        self._hold = hold
         return True
 
     def leave(self) -> None:
-        if self._lease is not None:
-            self._lease.release()
-            self._lease = None
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor drops the lock
-            self._fd = None
+        if self._hold is not None:
+            self._hold.release()
+            self._hold = None
 
 
 def live_nodes(root: str) -> dict[int, NodeRecord]:

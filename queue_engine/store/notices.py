@@ -7,6 +7,10 @@ writers keeps one small object, ``_deltaq/notices/<writer>.json``, naming the ch
 wrote in its last batches. A node reads that object when it changed (one stat, or one HEAD on
 an object store, per poll) and looks at those channels only.
 
+The API nodes post the same way which topics they committed to (``api-<lane>.json``, each
+named as ``(topic, "")``), for the fanout: over ten thousand topics it probes only those and a
+slice of the rest per micro-batch instead of every topic's log.
+
 Notices are hints, never data: the object is overwritten in place (a plain PUT, a rename on
 local disk), a writer that fails to post one only logs it, and a node still looks at every
 channel now and then, so a lost notice costs latency, never a message.
@@ -20,9 +24,16 @@ import os
 import uuid
 from collections import deque
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from queue_engine.store.object_store import is_remote, read_whole, replace_whole, store_and_key
+from queue_engine.store.object_store import (
+    is_remote,
+    list_objects,
+    read_whole,
+    replace_whole,
+    store_and_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +48,34 @@ KEEP_CHANNELS = 20_000
 Channel = tuple[str, str]
 
 
+# The API nodes' topic notices: ``api-<lane>`` (``api`` for a node without lanes).
+TOPIC_WRITER_PREFIX = "api"
+
+
 def notice_url(root: str, writer: str) -> str:
     return f"{root.rstrip('/')}/{NOTICES_DIR}/{writer}.json"
+
+
+def topic_writer(lane: int | None) -> str:
+    return TOPIC_WRITER_PREFIX if lane is None else f"{TOPIC_WRITER_PREFIX}-{lane}"
+
+
+def topic_writers(root: str) -> list[str]:
+    """The API nodes that posted topic notices in the warehouse at ``root``."""
+    directory = f"{root.rstrip('/')}/{NOTICES_DIR}"
+    if is_remote(root):
+        names = list_objects(directory)
+    else:
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return []
+    return sorted(
+        name[: -len(".json")]
+        for name in names
+        if name.endswith(".json")
+        and (name == f"{TOPIC_WRITER_PREFIX}.json" or name.startswith(f"{TOPIC_WRITER_PREFIX}-"))
+    )
 
 
 class NoticeWriter:
@@ -49,8 +86,17 @@ class NoticeWriter:
     like a long-running one.
     """
 
-    def __init__(self, root: str, writer: str) -> None:
+    def __init__(
+        self,
+        root: str,
+        writer: str,
+        keep_batches: int = KEEP_BATCHES,
+        keep_channels: int = KEEP_CHANNELS,
+    ) -> None:
         self.url = notice_url(root, writer)
+        self._poster: ThreadPoolExecutor | None = None
+        self.keep_batches = keep_batches
+        self.keep_channels = keep_channels
         self.run = uuid.uuid4().hex
         self.seq = 0
         self._recent: deque[tuple[int, list[Channel]]] = deque()
@@ -66,6 +112,14 @@ class NoticeWriter:
             log.warning("%s: previous notice not read, starting a new one: %s", self.url, exc)
         self._count = sum(len(chans) for _, chans in self._recent)
 
+    def post_soon(self, channels: Iterable[Channel]) -> None:
+        """``post`` on this writer's own thread, in order, off the caller's path."""
+        batch = list(channels)
+        if batch:
+            if self._poster is None:
+                self._poster = ThreadPoolExecutor(1, thread_name_prefix="deltaq-notices")
+            self._poster.submit(self.post, batch)
+
     def post(self, channels: Iterable[Channel]) -> None:
         """Publish the channels one batch wrote (after its commits). Never raises."""
         batch = sorted(set(channels))
@@ -75,7 +129,7 @@ class NoticeWriter:
         self._recent.append((self.seq, batch))
         self._count += len(batch)
         while len(self._recent) > 1 and (
-            len(self._recent) > KEEP_BATCHES or self._count > KEEP_CHANNELS
+            len(self._recent) > self.keep_batches or self._count > self.keep_channels
         ):
             self._count -= len(self._recent.popleft()[1])
         body = json.dumps(
@@ -98,8 +152,18 @@ class NoticeReader:
     restarted or ran further ahead than its notice keeps)."""
 
     def __init__(self, root: str, writers: Iterable[str] = WRITERS) -> None:
+        self.root = root
         self._followed = [_Followed(notice_url(root, w)) for w in writers]
         self._first = True
+
+    def follow(self, writers: Iterable[str]) -> None:
+        """Follow these writers too (one new here makes the next ``changes()`` None)."""
+        known = {f.url for f in self._followed}
+        for writer in writers:
+            url = notice_url(self.root, writer)
+            if url not in known:
+                self._followed.append(_Followed(url))
+                known.add(url)
 
     def changes(self) -> set[Channel] | None:
         changed: set[Channel] = set()

@@ -59,11 +59,23 @@ def executor_environment() -> dict[str, str]:
     return {name: os.environ[name] for name in sorted(_configured) if name in os.environ}
 
 
+# URL schemes of stores deltaq cannot use (see check_store).
+UNREADABLE_SCHEMES = ("az", "adl", "azure")
+
+
 def check_store(root: str) -> None:
     """Raise ``StoreError`` unless the object store under ``root`` is reachable with the
     configured credentials and honours put-if-absent. Local paths need no check."""
     if not is_remote(root):
         return
+    scheme = root.split("://", 1)[0]
+    if scheme in UNREADABLE_SCHEMES:
+        # delta-rs and obstore reach these stores, but deltaq also lists and reads files
+        # through pyarrow's filesystems, which do not know the scheme.
+        raise StoreError(
+            f"warehouse {root}: {scheme}:// warehouses are not supported (pyarrow, which "
+            f"deltaq reads files with, has no filesystem for {scheme}://)"
+        )
     import obstore
     from obstore.exceptions import AlreadyExistsError, BaseError
     from obstore.store import from_url
@@ -172,6 +184,44 @@ def read_objects(urls: list[str]) -> list[bytes | None]:
     if len(urls) <= 1:
         return [read_object(u) for u in urls]
     return list(_pool().map(read_object, urls))
+
+
+def list_objects(prefix_url: str) -> list[str]:
+    """The keys under ``prefix_url`` (a "directory"), relative to it, in name order."""
+    import obstore
+
+    store, key = store_and_key(prefix_url.rstrip("/"))
+    prefix = f"{key}/"
+    return sorted(
+        str(meta["path"])[len(prefix) :]
+        for chunk in obstore.list(store, prefix=prefix, chunk_size=1000)
+        for meta in chunk
+    )
+
+
+def put_objects(items: list[tuple[str, bytes]]) -> None:
+    """Write each (URL, body), concurrently, replacing what was there (plain PUTs)."""
+
+    def put(item: tuple[str, bytes]) -> None:
+        import obstore
+
+        store, key = store_and_key(item[0])
+        obstore.put(store, key, item[1])
+
+    list(_pool().map(put, items))
+
+
+def delete_objects(urls: list[str]) -> None:
+    """Delete each object (one that is already gone is no error)."""
+
+    def delete(url: str) -> None:
+        import obstore
+
+        store, key = store_and_key(url)
+        with contextlib.suppress(FileNotFoundError):
+            obstore.delete(store, key)
+
+    list(_pool().map(delete, urls))
 
 
 def newest_commit_after(table_url: str, known: int) -> int:

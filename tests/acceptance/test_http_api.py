@@ -6,6 +6,7 @@ The shared server runs with max_msg_size 1024, max_body_size 4096, max_req_timeo
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import struct
 import time
@@ -126,6 +127,22 @@ def test_pub_appends_one_row(client: httpx.Client, shared_server: Server) -> Non
     assert row["body"] == b"hello \x00 world"
     assert len(row["id"]) == 16 and int(row["id"], 16) > 0
     assert row["deliver_at"] is None
+
+
+def test_a_node_tells_the_fanout_which_topics_it_committed_to(
+    client: httpx.Client, shared_server: Server
+) -> None:
+    topic = topic_name("noticed")
+    assert client.post("/pub", params={"topic": topic}, content=b"x").text == "OK"
+    notice = shared_server.warehouse / "_deltaq" / "notices" / "api-0.json"  # the node's lane
+    deadline = time.monotonic() + 5
+    named: set[str] = set()
+    while topic not in named and time.monotonic() < deadline:
+        time.sleep(0.05)
+        if notice.exists():
+            batches = json.loads(notice.read_bytes())["batches"]
+            named = {t for _, tables in batches for t, channel in tables if channel == ""}
+    assert topic in named
 
 
 def test_pub_defer_stores_deliver_at(client: httpx.Client, shared_server: Server) -> None:

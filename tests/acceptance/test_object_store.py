@@ -3,14 +3,18 @@ publishing and leasing, ``deltaq fanout`` exactly once, ``deltaq sweep``, ``delt
 restarts and kill -9; and the start checks that refuse a store deltaq cannot use safely.
 
 Each command runs as a user runs it, a process of its own configured by the standard
-``AWS_*`` variables. Spark keeps the fanout's checkpoint on local disk here: this Spark has no
-S3A connector (hadoop-aws comes from Maven), which the last test shows is refused plainly.
+``AWS_*`` variables. The fanout's checkpoint is the default, in the warehouse: on S3 this Spark
+has no S3A connector (hadoop-aws comes from Maven), so it runs on a local copy mirrored to the
+store (queue_engine.spark.checkpoint_mirror), and each ``fanout --once`` is a new process
+resuming from the store's copy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -23,9 +27,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from queue_engine.spark.checkpoint_mirror import CheckpointMirror
+from queue_engine.store.job_lock import JobLock
 from queue_engine.store.tables import Warehouse
 from tests.acceptance.conftest import BUCKET
-from tests.conftest import Server, run_deltaq
+from tests.conftest import ROOT, Server, run_deltaq
 from tests.consumers import answer, body, channel_stats, create_channel, sub
 from tests.s3 import (
     S3Server,
@@ -45,7 +51,7 @@ class Site:
 
     kind: str
     root: str  # the warehouse: a local path or an s3:// URL
-    workdir: Path  # local files: logs, the fanout's checkpoint
+    workdir: Path  # local files: logs
     env: dict[str, str]
 
     def table(self, path: str) -> pa.Table:
@@ -62,8 +68,7 @@ class Site:
         return deltaq(self.env, *args, "--warehouse", self.root)
 
     def fanout_once(self) -> None:
-        checkpoint = str(self.workdir / "fanout-checkpoint")
-        done = self.run("fanout", "--once", "--checkpoint", checkpoint)
+        done = self.run("fanout", "--once")
         assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -223,12 +228,128 @@ def test_wrong_credentials_are_refused_at_start(tmp_path: Path) -> None:
         server.stop()
 
 
-def test_fanout_refuses_a_checkpoint_spark_cannot_write(s3_server: S3Server) -> None:
+def test_the_fanout_checkpoint_lives_in_the_store(s3_server: S3Server, tmp_path: Path) -> None:
+    """Spark has no FileSystem for s3:// here: the fanout mirrors its checkpoint to the store,
+    and a second run (a new process, a new local copy) resumes from it: nothing twice."""
     env = store_env(s3_server.endpoint)
-    done = deltaq(env, "fanout", "--once", "--warehouse", f"s3://{BUCKET}/ck")
+    root = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
+    site = Site("s3", root, tmp_path, env)
+    server = site.server()
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            create_channel(c, "t", "c")
+            first = publish(c, "t", 5, "first")
+            site.fanout_once()
+            second = publish(c, "t", 5, "second")
+        done = site.run("fanout", "--once")
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"fanout checkpoint {root}/_checkpoints/fanout: " in done.stderr
+    finally:
+        server.stop()
+    rows = site.table(Warehouse(root).channel_messages_path("t", "c"))
+    assert sorted(rows.column("body").to_pylist()) == sorted(first | second)
+    stored = s3_server.keys(BUCKET, f"{root.split('/', 3)[3]}/_checkpoints/fanout/")
+    assert {"metadata", "offsets/0", "commits/0", "offsets/1", "commits/1"} <= stored, stored
+    assert not any(k.rsplit("/", 1)[-1].startswith(".") for k in stored), stored
+
+
+def test_a_mirrored_checkpoint_follows_what_spark_writes_and_purges(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in store_env(s3_server.endpoint).items():
+        monkeypatch.setenv(name, value)
+    prefix = f"{uuid.uuid4().hex[:12]}/cp"
+    mirror = CheckpointMirror(f"s3://{BUCKET}/{prefix}")
+    assert mirror.restore() == 0
+    local = Path(mirror.local)
+    for name, text in [("metadata", "m"), ("offsets/0", "o0"), ("offsets/.0.crc", "x")]:
+        (local / name).parent.mkdir(parents=True, exist_ok=True)
+        (local / name).write_text(text)
+    assert mirror.push() == 2  # not Hadoop's checksum file
+    assert mirror.push() == 0  # nothing changed
+    (local / "commits").mkdir()
+    (local / "commits/0").write_text("c0")
+    (local / "offsets/1").write_text("o1")
+    (local / "offsets/0").unlink()  # Spark purged an old batch
+    assert mirror.push() == 2
+    assert s3_server.keys(BUCKET, f"{prefix}/") == {"metadata", "commits/0", "offsets/1"}
+    mirror.close()
+    assert not local.exists()
+
+    again = CheckpointMirror(f"s3://{BUCKET}/{prefix}")
+    assert again.restore() == 3
+    assert (Path(again.local) / "offsets/1").read_text() == "o1"
+    again.close()
+
+
+def test_one_fanout_and_one_sweep_per_warehouse(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second fanout (or sweep) on a warehouse refuses, naming the running one; once that
+    is killed -9 the next one runs (on the store after the killed one's lease lapsed)."""
+    server = site.server()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        create_channel(c, "t", "c")
+        sent = publish(c, "t", 3, "m")
+    server.stop()
+    log = site.workdir / "fanout-1.log"
+    with open(log, "wb") as out:
+        first = subprocess.Popen(
+            [sys.executable, "-m", "deltaq", "fanout", "--warehouse", site.root],
+            env={**os.environ, **site.env},
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        rows = Warehouse(site.root).channel_messages_path("t", "c")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # running: it fanned out what was there
+            assert first.poll() is None, log.read_text()[-3000:]
+            with contextlib.suppress(Exception):
+                if site.table(rows).num_rows == len(sent):
+                    break
+            time.sleep(0.5)
+        second = site.run("fanout", "--once")
+        assert second.returncode == 1
+        last = second.stderr.strip().splitlines()[-1]
+        assert last.startswith(
+            f"deltaq fanout: error: another fanout runs on warehouse {site.root} (pid {first.pid}"
+        ), last
+    finally:
+        first.kill()
+        first.wait(30)
+    again = site.run("fanout", "--once")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert sorted(site.table(rows).column("body").to_pylist()) == sorted(sent)
+
+    for name, value in site.env.items():  # this process holds the sweep's lock
+        monkeypatch.setenv(name, value)
+    lock = JobLock(site.root, "sweep", lease_s=3).acquire()
+    try:
+        swept = site.run("sweep")
+    finally:
+        lock.release()
+    assert swept.returncode == 1
+    assert "error: another sweep runs on warehouse" in swept.stderr.strip().splitlines()[-1]
+
+
+def test_an_az_warehouse_is_refused_with_one_line() -> None:
+    done = _api_error({}, "az://container/wh")
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "deltaq api: error: warehouse az://container/wh: az:// warehouses are not supported "
+        "(pyarrow, which deltaq reads files with, has no filesystem for az://)"
+    )
+
+
+def test_fanout_refuses_a_checkpoint_nothing_can_write(s3_server: S3Server) -> None:
+    env = store_env(s3_server.endpoint)
+    args = ["fanout", "--once", "--warehouse", f"s3://{BUCKET}/ck", "--checkpoint", "nowhere://x"]
+    done = deltaq(env, *args)
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("deltaq fanout: error: Spark has no Hadoop FileSystem for s3://")
+    assert last.startswith("deltaq fanout: error: Spark has no Hadoop FileSystem for nowhere://")
     assert "--checkpoint" in last
 
 

@@ -100,7 +100,8 @@ def test_fanout_and_sweep_run_on_the_cluster(
 def test_exactly_once_across_kill_9_of_the_worker_and_of_the_driver(
     cluster: SparkCluster, s3_server: S3Server, tmp_path: Path
 ) -> None:
-    env = store_env(s3_server.endpoint)
+    # A short lease: the second driver waits for the killed one's fanout lock to lapse.
+    env = {**store_env(s3_server.endpoint), "DELTAQ_STORE_LEASE_S": "3"}
     root = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
     server = Server(tmp_path / "wh", env=env, warehouse_url=root).start()
     sent: list[bytes] = []
@@ -120,8 +121,9 @@ def test_exactly_once_across_kill_9_of_the_worker_and_of_the_driver(
         create_channel(c, "events", "sink")
     producer = threading.Thread(target=publish)
     producer.start()
-    checkpoint = str(tmp_path / "checkpoint")
-    args = ["fanout", "--master", cluster.url, "--warehouse", root, "--checkpoint", checkpoint]
+    # The checkpoint is the default, in the store (mirrored from the driver's local copy): the
+    # second driver starts with none of the first one's local files.
+    args = ["fanout", "--master", cluster.url, "--warehouse", root]
     try:
         fanout = driver(args, env, tmp_path / "fanout-1.log")
         _wait_for_rows(root, env, 1, fanout, tmp_path / "fanout-1.log")
@@ -135,7 +137,7 @@ def test_exactly_once_across_kill_9_of_the_worker_and_of_the_driver(
         stop.set()
         producer.join(60)
         server.stop()
-    # A new driver from the same checkpoint finishes the work: each message exactly once.
+    # A new driver from the checkpoint in the store finishes the work: each message exactly once.
     log = tmp_path / "fanout-2.log"
     rest = driver([*args, "--once"], env, log)
     assert rest.wait(240) == 0, log.read_text()[-3000:]

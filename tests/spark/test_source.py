@@ -285,3 +285,50 @@ def test_topics_reader_prefetches_small_batches_and_splits_large_ones(tmp_path: 
     assert rows(small) == batch(3, 100)["id"].to_pylist()
     reader.commit(small_end)
     assert reader.cache == []
+
+
+def test_over_many_topics_a_trigger_probes_the_noticed_ones_and_a_slice_of_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from queue_engine.registry import Action, RegistryEvent
+    from queue_engine.spark import source
+    from queue_engine.store.notices import NoticeWriter, topic_writer
+    from queue_engine.store.registry_store import RegistryStore
+    from queue_engine.store.tables import Warehouse
+
+    # 5 topics count as many here; new notice writers are looked for on every trigger.
+    monkeypatch.setattr(source, "PROBE_ALL_TOPICS", 2)
+    monkeypatch.setattr(source, "NOTICE_WRITERS_S", 0.0)
+    wh = Warehouse(str(tmp_path / "wh"))
+    registry = RegistryStore(wh.registry_path)
+    names = [f"t{i}" for i in range(5)]
+    appenders = {}
+    for seq, name in enumerate(names):
+        registry.append(RegistryEvent(2 * seq + 1, 0, Action.TOPIC_CREATE, name))
+        registry.append(
+            RegistryEvent(2 * seq + 2, 0, Action.CHANNEL_CREATE, name, "c", topic_version=-1)
+        )
+        appenders[name] = make_topic(Path(wh.topic_path(name)), commits=1)
+    reader = source.TopicsStreamReader(wh.root, 256, 200, 200_000)
+
+    def versions(end: dict[str, list[int]]) -> dict[str, int]:
+        return {name: version for name, (_, version) in end.items()}
+
+    first = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    assert versions(first) == dict.fromkeys(names, 1)  # the first trigger probes every topic
+
+    appenders["t3"].append(batch(3, 100))  # version 2, and no API node says so
+    second = reader.latestOffset(first, ReadAllAvailable())
+    assert versions(second)["t3"] == 1  # not probed: this trigger's slice was t0
+
+    NoticeWriter(wh.root, topic_writer(None)).post([("t3", "")])
+    third = reader.latestOffset(second, ReadAllAvailable())
+    assert versions(third)["t3"] == 2  # named in a notice: probed
+
+    appenders["t4"].append(batch(3, 200))
+    later = third
+    for _ in range(len(names)):  # the slices come round to every topic
+        later = reader.latestOffset(later, ReadAllAvailable())
+    assert versions(later) == {**dict.fromkeys(names, 1), "t3": 2, "t4": 2}
