@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from deltalake import DeltaTable
+from deltalake import CommitProperties, DeltaTable
 
 from queue_engine.settings import Settings
 from queue_engine.store.append import fast_path_allowed
@@ -73,6 +73,10 @@ class MaintenancePolicy:
             interval_ms=settings.maintenance_interval_ms,
             checkpoint_min_interval_s=settings.checkpoint_min_interval_s,
         )
+
+
+# Lost commit races a compaction rebases over before giving up (delta-rs's default is 15).
+COMPACT_COMMIT_RETRIES = 200
 
 
 class Maintenance:
@@ -217,8 +221,15 @@ class Maintenance:
         if fast_path_allowed(path, dt):
             done = compact_small_files(path, dt, target)
             return "nothing" if done is None else f"{done.files_removed} files -> 1"
-        # One task: upkeep must leave the other cores to the queue it maintains.
-        return _summary(dt.optimize.compact(target_size=target, max_concurrent_tasks=1))
+        # One task: upkeep must leave the other cores to the queue it maintains. A busy table
+        # commits faster than delta-rs rebases (it gives up after 15 lost races by default);
+        # a compaction conflicts with no append, so it keeps rebasing until it lands.
+        retries = CommitProperties(max_commit_retries=COMPACT_COMMIT_RETRIES)
+        return _summary(
+            dt.optimize.compact(
+                target_size=target, max_concurrent_tasks=1, commit_properties=retries
+            )
+        )
 
 
 def _summary(metrics: object) -> str:

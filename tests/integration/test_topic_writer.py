@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, write_deltalake
+from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from queue_engine.store.append import DeltaRsAppender, LocalAppender, appender_for
 from queue_engine.store.channel_reader import COLUMNS, ChannelReader
@@ -203,12 +203,16 @@ def test_local_appender_races_with_delta_rs_writers_and_compaction(tmp_path: Pat
     open_or_create(path, TOPIC_SCHEMA)
     fast = LocalAppender(path)
     errors: list[BaseException] = []
+    # delta-rs gives up after 15 lost races by default; 60 appends in a tight loop can win 15
+    # in a row on a loaded machine. What is tested is that every writer's rows land intact.
+    retries = CommitProperties(max_commit_retries=1_000)
 
     def other_writer() -> None:
         try:
             dt = DeltaTable(path)
             for i in range(30):
-                write_deltalake(dt, _batch(3, 1_000_000 + i * 3), mode="append")
+                batch = _batch(3, 1_000_000 + i * 3)
+                write_deltalake(dt, batch, mode="append", commit_properties=retries)
         except BaseException as exc:
             errors.append(exc)
 
