@@ -70,9 +70,9 @@ class Traffic:
         # committed): a body may be two messages; a message id must be FIN'd once.
         self.finned: Counter[str] = Counter()
         self.finned_ids: Counter[str] = Counter()
-        # FINs whose answer never came (the node died meanwhile): id -> body. The ledger
-        # says whether each was committed; if it was not, the message comes back.
-        self.fin_unknown: dict[str, str] = {}
+        # FINs whose answer never came (the node died meanwhile): (id, lease) -> body. The
+        # ledger says whether each was committed; if it was not, the message comes back.
+        self.fin_unknown: dict[tuple[str, str], str] = {}
         self.publishing = 0
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -125,7 +125,8 @@ class Traffic:
                 except httpx.TransportError:
                     with self.lock:
                         self.fin_unknown.update(
-                            (m["id"], base64.b64decode(m["body"]).decode()) for m in messages
+                            ((m["id"], m["lease"]), base64.b64decode(m["body"]).decode())
+                            for m in messages
                         )
                     turn += 1  # the node (or the owner it pointed to) is gone: ask the next
                     time.sleep(0.2)
@@ -135,7 +136,7 @@ class Traffic:
                         self.finned.update(base64.b64decode(m["body"]).decode() for m in messages)
                         self.finned_ids.update(m["id"] for m in messages)
 
-    def unfinished(self, ledger_fins: set[str] | None = None) -> set[str]:
+    def unfinished(self, ledger_fins: set[tuple[str, str]] | None = None) -> set[str]:
         """Acknowledged bodies not FIN'd: neither answered OK, nor (given the ledger's
         FIN'd ids) committed by a FIN whose answer was lost."""
         with self.lock:
@@ -157,14 +158,16 @@ class Traffic:
         return maybe_finned and not self.unfinished(_ledger_fins(ledger_path))
 
 
-def _ledger_fins(ledger_path: str) -> set[str]:
-    """Ids the channel's ledger records as FIN'd."""
-    table = DeltaTable(ledger_path).to_pyarrow_table(columns=["id", "event"])
-    fins = table.filter(pc.equal(table["event"], "FIN"))["id"]
-    return set(fins.to_pylist())
+def _ledger_fins(ledger_path: str) -> set[tuple[str, str]]:
+    """The (id, lease) pairs the channel's ledger records FINs of."""
+    table = DeltaTable(ledger_path).to_pyarrow_table(columns=["id", "event", "lease"])
+    fins = table.filter(pc.equal(table["event"], "FIN"))
+    return set(zip(fins["id"].to_pylist(), fins["lease"].to_pylist(), strict=True))
 
 
-def _explain_lost(lost: set[str], traffic: Traffic, wh: Warehouse, fins: set[str]) -> str:
+def _explain_lost(
+    lost: set[str], traffic: Traffic, wh: Warehouse, fins: set[tuple[str, str]]
+) -> str:
     """What the tables say of the lost messages: in the topic, in the channel, their ledger
     events (a loss on the fanout's side or the channel's)."""
     topic = DeltaTable(wh.topic_path(TOPIC)).to_pyarrow_table(columns=["id", "body"])
@@ -178,12 +181,15 @@ def _explain_lost(lost: set[str], traffic: Traffic, wh: Warehouse, fins: set[str
     events: dict[str, list[str]] = {}
     for i, e in zip(ledger["id"].to_pylist(), ledger["event"].to_pylist(), strict=True):
         events.setdefault(i, []).append(e)
+    unanswered: dict[str, list[tuple[str, bool]]] = {}
+    for i, lease in traffic.fin_unknown:
+        unanswered.setdefault(i, []).append((lease, (i, lease) in fins))
     lines = [f"{len(lost)} acknowledged messages never FIN'd:"]
     for body in sorted(lost)[:10]:
         i = ids.get(body)
         lines.append(
             f"  {body}: id {i}, in channel {i in in_channel}, ledger {events.get(i or '', [])}, "
-            f"FIN unanswered {i in traffic.fin_unknown}"
+            f"unanswered FINs (lease, committed) {unanswered.get(i or '', [])}"
         )
     return "\n".join(lines)
 
@@ -242,7 +248,9 @@ def test_three_nodes_one_warehouse_kill9_of_a_channel_owner(
     twice = {i: n for i, n in traffic.finned_ids.items() if n > 1}
     assert not twice, f"FIN'd twice: {twice}"
     # A FIN committed without its answer reaching the consumer is not delivered again.
-    back = {i for i in traffic.fin_unknown if i in ledger_fins and i in traffic.finned_ids}
+    back = {i for i, lease in traffic.fin_unknown if (i, lease) in ledger_fins} & set(
+        traffic.finned_ids
+    )
     assert not back, f"delivered again after a committed FIN: {sorted(back)[:5]}"
     assert len(traffic.acked) >= 2 * PER_PUBLISHER
 
