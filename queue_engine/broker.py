@@ -92,6 +92,8 @@ class Broker:
         self._seen_nodes: dict[int, str] = {}
         # Channels other nodes own, and where (for /stats): refreshed by the watch.
         self._elsewhere: dict[tuple[str, str], str] = {}
+        # Channels re-claimed from this lane's earlier process (counted, not logged one by one).
+        self._taken_back = 0
         self._watch: asyncio.Task[None] | None = None
         self.started_at = time.time()
         self._registry_store: RegistryStore | None = None
@@ -137,15 +139,13 @@ class Broker:
         nodes = await asyncio.to_thread(self._start_blocking)
         deadline = time.monotonic() + self.settings.startup_open_budget_s
         topics = collections.deque(self.registry.topics)
-        while topics and time.monotonic() < deadline:
-            await asyncio.to_thread(self._open_writer, topics.popleft())
         channels = collections.deque(
             (topic.name, channel)
             for topic in list(self.registry.topics.values())
             for channel in list(topic.channels)
         )
-        while channels and time.monotonic() < deadline:
-            await self._open_if_ours(*channels.popleft(), nodes)
+        while (topics or channels) and time.monotonic() < deadline:
+            await self._open_next(topics, channels, nodes)
         if topics or channels:
             log.info(
                 "serving while %d topics and %d channels are still being opened",
@@ -155,6 +155,8 @@ class Broker:
             self._opening = asyncio.get_running_loop().create_task(
                 self._open_rest(topics, channels, nodes)
             )
+        else:
+            self._log_taken_back()
         self._seen_nodes = {lane: n.token for lane, n in nodes.items()}
         self.maintenance.start()
         self._pump = asyncio.get_running_loop().create_task(self._run_pump())
@@ -209,28 +211,44 @@ class Broker:
         opened = 0
         while (topics or channels) and not self._closing:
             async with self._admin:
-                if topics:
-                    name = topics.popleft()
-                    if name in self.registry.topics and name not in self._writers:
-                        await asyncio.to_thread(self._open_writer, name)
-                        opened += 1
-                    continue
-                topic, channel = channels.popleft()
-                info = self.registry.topics.get(topic)
-                if info is None or channel not in info.channels or self._closing:
-                    continue
-                if (topic, channel) not in self._channels:
-                    try:
-                        await self._open_if_ours(topic, channel, nodes)
-                        opened += 1
-                    except Exception:
-                        # Left to the watch's next look (or the first request for it).
-                        log.exception("opening %s/%s failed", topic, channel)
+                try:
+                    opened += await self._open_next(topics, channels, nodes)
+                except Exception:
+                    # Left to the watch's next look (or the first request for it).
+                    log.exception("opening a topic or channel after the start failed")
         log.info(
             "opened %d topics and channels after the start in %.1f s",
             opened,
             time.monotonic() - started,
         )
+        self._log_taken_back()
+
+    async def _open_next(
+        self,
+        topics: collections.deque[str],
+        channels: collections.deque[tuple[str, str]],
+        nodes: dict[int, NodeRecord],
+    ) -> bool:
+        """Open the next of the start's topic writers, then of its channels that no other live
+        node serves; what was deleted or opened meanwhile is skipped. True if one was opened."""
+        if topics:
+            name = topics.popleft()
+            if name not in self.registry.topics or name in self._writers:
+                return False
+            await asyncio.to_thread(self._open_writer, name)
+            return True
+        topic, channel = channels.popleft()
+        info = self.registry.topics.get(topic)
+        if info is None or channel not in info.channels or self._closing:
+            return False
+        if (topic, channel) in self._channels:
+            return False
+        return await self._open_if_ours(topic, channel, nodes)
+
+    def _log_taken_back(self) -> None:
+        if self._taken_back:
+            log.info("took back %d channels this node's lane served before", self._taken_back)
+            self._taken_back = 0
 
     async def close(self) -> None:
         """Commit everything pending, then stop the writers and the maintenance thread."""
@@ -674,7 +692,12 @@ class Broker:
                 if holder is not None:
                     return holder
             if self._ownership.claim(topic, channel, claim, me):
-                log.info("node %d took channel %s/%s", me.lane, topic, channel)
+                if claim is not None and claim.lane == me.lane:
+                    # This lane's earlier process served it: a restart, summed up once.
+                    self._taken_back += 1
+                    log.debug("node %d took back channel %s/%s", me.lane, topic, channel)
+                else:
+                    log.info("node %d took channel %s/%s", me.lane, topic, channel)
                 self._elsewhere.pop((topic, channel), None)
                 return None
         raise QueueError(ErrorCode.INTERNAL_ERROR, f"could not take {topic}/{channel}")

@@ -205,6 +205,9 @@ def test_a_start_past_its_open_budget_serves_and_opens_the_rest_behind(
     [opened] = re.findall(r"opened (\d+) topics and channels after the start", restarted.log())
     assert 20 <= int(opened) <= 40
     assert "serving while 20 topics and 20 channels are still being opened" in restarted.log()
+    # The restarted node's lane served the channels before: one line says so, not twenty.
+    assert "took back 20 channels this node's lane served before" in restarted.log()
+    assert "took channel" not in restarted.log()
     topics = httpx.get(f"{restarted.url}/stats", params={"format": "json"}).json()["topics"]
     counts = {t["topic_name"]: t["message_count"] for t in topics}
     assert counts == {**{f"t{i}": 1 for i in range(19)}, "t19": 2}
