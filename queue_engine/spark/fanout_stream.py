@@ -27,13 +27,6 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming.listener import (
-    QueryIdleEvent,
-    QueryProgressEvent,
-    QueryStartedEvent,
-    QueryTerminatedEvent,
-    StreamingQueryListener,
-)
 from pyspark.sql.streaming.query import StreamingQuery
 
 from queue_engine.fanout import (
@@ -52,6 +45,7 @@ from queue_engine.spark.session import (
     checkpoint_location,
     engine,
 )
+from queue_engine.spark.trigger_log import TriggerLog
 from queue_engine.store.append_once import IdempotentAppender
 from queue_engine.store.notices import NoticeWriter
 from queue_engine.store.object_store import StoreError, is_remote
@@ -287,40 +281,6 @@ def _prefetch(spark: SparkSession, prefetch: bool | None) -> bool:
     return (spark.sparkContext.master or "local").startswith("local")
 
 
-class TriggerLog(StreamingQueryListener):
-    """One line per fanout trigger that moved rows: its whole duration and where it went.
-
-    A batch's own line (``fanout batch N``) times its read and write only; a message also
-    waits for the trigger's planning (probing the topics for new versions) and Spark's
-    offset and commit logs, which this line shows.
-    """
-
-    def onQueryStarted(self, event: QueryStartedEvent) -> None:
-        return None
-
-    def onQueryProgress(self, event: QueryProgressEvent) -> None:
-        progress = event.progress
-        if progress.name != FANOUT_QUERY or not progress.numInputRows:
-            return
-        durations = progress.durationMs
-        log.info(
-            "fanout trigger %d: %d ms (latestOffset %d, addBatch %d, walCommit %d, "
-            "commitOffsets %d)",
-            progress.batchId,
-            durations.get("triggerExecution", 0),
-            durations.get("latestOffset", 0),
-            durations.get("addBatch", 0),
-            durations.get("walCommit", 0),
-            durations.get("commitOffsets", 0),
-        )
-
-    def onQueryIdle(self, event: QueryIdleEvent) -> None:
-        return None
-
-    def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:
-        return None
-
-
 # Sessions with a TriggerLog already (one session may run several fanouts in turn).
 _logged_sessions: set[int] = set()
 
@@ -404,7 +364,7 @@ def start_fanout(
             else writer.trigger(processingTime="0 seconds")
         )
         if id(spark) not in _logged_sessions:
-            spark.streams.addListener(TriggerLog())
+            spark.streams.addListener(TriggerLog(FANOUT_QUERY))
             _logged_sessions.add(id(spark))
         query = writer.queryName(FANOUT_QUERY).start()
     except BaseException:

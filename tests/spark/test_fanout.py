@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -49,8 +50,13 @@ WRITE_PATHS = [None, "deltaq"]
 
 @pytest.mark.parametrize("channel_format", WRITE_PATHS, ids=["driver", "spark-writer"])
 def test_fanout_rules(
-    spark: SparkSession, server_factory: type[Server], tmp_path: Path, channel_format: str | None
+    spark: SparkSession,
+    server_factory: type[Server],
+    tmp_path: Path,
+    channel_format: str | None,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="queue_engine.spark.trigger_log")
     wh = tmp_path / "wh"
     server = server_factory(wh).start()
     c = httpx.Client(base_url=server.url, timeout=30)
@@ -82,6 +88,13 @@ def test_fanout_rules(
 
     run_once(spark, wh, channel_format)
     assert channel_bodies(wh, "a", "c1") == [b"a0", b"a1", b"a1b", b"a2"]
+    # Each trigger that moved rows is logged whole, from Spark's progress event (which
+    # reaches the listener shortly after the query ends).
+    trigger = re.compile(r"fanout trigger \d+: \d+ ms \(latestOffset \d+, addBatch \d+, ")
+    deadline = time.monotonic() + 10
+    while not any(trigger.match(r.getMessage()) for r in caplog.records):
+        assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+        time.sleep(0.1)
     assert channel_bodies(wh, "a", "c2") == [b"a2"]
     assert channel_bodies(wh, "b", "b1") == []
     assert channel_bodies(wh, "e", "first") == [b"e1"]
