@@ -1131,6 +1131,8 @@ class Broker:
                 async with self._admin:
                     if name in self.registry.topics and channel in info.channels:
                         await self._open_if_ours(name, channel, nodes)
+        if self._opening is None or self._opening.done():
+            self._log_taken_back()  # else the background opening sums them up at its end
 
     def _event(
         self,
