@@ -137,8 +137,8 @@ class Traffic:
                         self.finned_ids.update(m["id"] for m in messages)
 
     def unfinished(self, ledger_fins: set[tuple[str, str]] | None = None) -> set[str]:
-        """Acknowledged bodies not FIN'd: neither answered OK, nor (given the ledger's
-        FIN'd ids) committed by a FIN whose answer was lost."""
+        """Acknowledged bodies not FIN'd: neither answered OK, nor (given the (id, lease)
+        pairs of the ledger's FINs) committed by a FIN whose answer was lost."""
         with self.lock:
             left = self.acked - set(self.finned)
             if ledger_fins and left:
