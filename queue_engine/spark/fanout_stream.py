@@ -237,13 +237,19 @@ def fanout_batch_by_spark(
 
 
 def channel_format_for(spark: SparkSession, channel_writes: str = "auto") -> str | None:
-    """``start_fanout``'s ``channel_format`` for a ``--channel-writes`` choice: "auto" is
-    "delta" where delta-spark's jars load, else the driver (None); "driver" is None; a format
-    name is itself."""
+    """``start_fanout``'s ``channel_format`` for a ``--channel-writes`` choice.
+
+    "auto": on a local master the driver (None) — driver and executors share one machine, and
+    appending from the driver is the low-latency path; on a cluster Spark's writer, so the
+    executors write the rows and the driver only commits: "delta" where delta-spark's jars
+    load, else "deltaq". "driver" is None; a format name is itself.
+    """
     if channel_writes not in CHANNEL_WRITES:
         raise ValueError(f"channel writes: one of {', '.join(CHANNEL_WRITES)}")
     if channel_writes == "auto":
-        return "delta" if engine(spark) is Engine.DELTA_SPARK else None
+        if (spark.sparkContext.master or "local").startswith("local"):
+            return None
+        return "delta" if engine(spark) is Engine.DELTA_SPARK else "deltaq"
     return None if channel_writes == "driver" else channel_writes
 
 

@@ -1,15 +1,23 @@
 """Building the SparkSession: local by default, a cluster master from settings otherwise.
 
-Delta access goes through deltaq's Python Data Source over delta-rs unless delta-spark's jars
-are on the classpath (a cluster that ships them), which is detected, never assumed.
+delta-spark, the engine users run on deltaq's tables, is on the session's classpath: its jars
+come from Maven Central the way users get them (``configure_spark_with_delta_pip``, i.e.
+``spark.jars.packages``, into Ivy's cache), with Delta's SQL extension and catalog, so
+``format("delta")``, ``DESCRIBE HISTORY``, ``OPTIMIZE`` and ``VERSION AS OF`` work in deltaq's
+own sessions. Where the jars cannot be had (no Maven Central, an empty Ivy cache) the session
+starts without them and says so once; deltaq's Python Data Source over delta-rs
+(``format("deltaq")``) serves the queue's own reads either way.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -30,6 +38,8 @@ class Engine(StrEnum):
 
 
 _CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
+_DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+_DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 
 
 def build_session(
@@ -38,14 +48,71 @@ def build_session(
     *,
     connect_port: int | None = None,
     quiet: bool = False,
+    delta_spark: bool | None = None,
+    packages: Sequence[str] = (),
 ) -> SparkSession:
     """A SparkSession for deltaq's jobs; ``master`` None means ``local[2]``, small and UI-less.
 
     ``connect_port`` also serves the session over Spark Connect on 127.0.0.1 (loopback only:
     Spark Connect has no authentication), so ``deltaq sql`` can use it instead of starting a
     JVM. ``quiet`` sends the JVM's own stderr (banners, log4j warnings) to a file, for
-    commands whose output is the answer.
+    commands whose output is the answer. ``delta_spark``: put delta-spark on the classpath
+    (default: ``DELTAQ_DELTA_SPARK``, true unless "false"); ``packages``: more Maven
+    coordinates for ``spark.jars.packages`` (hadoop-aws for ``s3a://``, say).
     """
+    if delta_spark is None:
+        delta_spark = os.environ.get("DELTAQ_DELTA_SPARK", "true").lower() != "false"
+    if delta_spark or packages:
+        try:
+            return _build_session(
+                master, app_name, connect_port, quiet, delta_spark=delta_spark, packages=packages
+            )
+        except Exception as exc:
+            if _gateway_running():
+                raise
+            # The JVM did not start: most often Ivy could not fetch the jars (no Maven
+            # Central, nothing cached). The queue's own reads do not need them.
+            log.warning(
+                "Spark did not start with %s (%s); starting without them",
+                ", ".join(_maven_packages(delta_spark, packages)),
+                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+            )
+    return _build_session(master, app_name, connect_port, quiet, delta_spark=False, packages=())
+
+
+def _gateway_running() -> bool:
+    from pyspark import SparkContext
+
+    return SparkContext._gateway is not None
+
+
+def _maven_packages(delta_spark: bool, packages: Sequence[str]) -> list[str]:
+    """The Maven coordinates a session asks for: delta-spark's jar for this pyspark's line
+    (as ``configure_spark_with_delta_pip`` names it) and ``packages``."""
+    return [delta_spark_package(), *packages] if delta_spark else list(packages)
+
+
+def delta_spark_package() -> str:
+    """The Maven coordinate of the installed delta-spark's jar for the installed pyspark's
+    line, as ``delta.configure_spark_with_delta_pip`` asks for it (Delta 4.x publishes one
+    artifact per Spark line, e.g. ``io.delta:delta-spark_4.2_2.13:4.4.0``)."""
+    from importlib.metadata import version
+
+    import pyspark
+
+    spark_line = ".".join(pyspark.__version__.split(".")[:2])
+    return f"io.delta:delta-spark_{spark_line}_2.13:{version('delta-spark')}"
+
+
+def _build_session(
+    master: str | None,
+    app_name: str,
+    connect_port: int | None,
+    quiet: bool,
+    *,
+    delta_spark: bool,
+    packages: Sequence[str],
+) -> SparkSession:
     # Spark's Python workers must run this interpreter (the venv's), not whatever is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -76,6 +143,18 @@ def build_session(
             )
     for name, value in executor_environment().items():
         builder = builder.config(f"spark.executorEnv.{name}", value)
+    if delta_spark:
+        builder = builder.config("spark.sql.extensions", _DELTA_EXTENSION).config(
+            "spark.sql.catalog.spark_catalog", _DELTA_CATALOG
+        )
+    wanted = _maven_packages(delta_spark, packages)
+    jars = _cached_jars(wanted)
+    if wanted and not _inside_spark_submit():
+        # spark-submit resolves its --packages itself, before this driver runs.
+        if jars is not None:
+            builder = builder.config("spark.jars", ",".join(jars))
+        else:
+            builder = builder.config("spark.jars.packages", ",".join(wanted))
     if connect_port:
         builder = (
             builder.config("spark.plugins", _CONNECT_PLUGIN)
@@ -87,11 +166,48 @@ def build_session(
         spark.sparkContext.setLogLevel("ERROR")
     else:
         spark = builder.getOrCreate()
+    if wanted and jars is None and not _inside_spark_submit():
+        _remember_jars(wanted, spark.sparkContext.getConf().get("spark.jars", ""))
     register(spark)
     log.info(
         "Spark %s (%s); Delta engine: %s", spark.version, spark.sparkContext.master, engine(spark)
     )
     return spark
+
+
+def _jars_list(wanted: Sequence[str]) -> Path:
+    """Where the jar files Ivy resolved for ``wanted`` are listed: resolving again costs ~2 s
+    of every session's start even with every jar in Ivy's cache."""
+    key = hashlib.sha256(",".join(wanted).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "deltaq" / f"spark-jars-{key}.txt"
+
+
+def _cached_jars(wanted: Sequence[str]) -> list[str] | None:
+    """The jar files resolved for ``wanted`` before, if every one of them is still there."""
+    if not wanted:
+        return None
+    try:
+        jars = _jars_list(wanted).read_text().split()
+    except OSError:
+        return None
+    if not jars or not all(os.path.isfile(j.removeprefix("file:")) for j in jars):
+        return None
+    return jars
+
+
+def _remember_jars(wanted: Sequence[str], spark_jars: str) -> None:
+    jars = [j for j in spark_jars.split(",") if j]
+    if not jars:
+        return
+    path = _jars_list(wanted)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_suffix(f".{os.getpid()}.tmp")
+        staging.write_text("\n".join(jars) + "\n")
+        staging.replace(path)
+    except OSError:
+        log.debug("could not remember the resolved jars in %s", path, exc_info=True)
 
 
 # The JVM's optimising compiler (C2) off in local mode: on two cores its compiler threads

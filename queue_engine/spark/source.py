@@ -51,7 +51,6 @@ from pyspark.sql.datasource import (
     SimpleDataSourceStreamReader,
     WriterCommitMessage,
 )
-from pyspark.sql.datasource_internal import SimpleInputPartition, _SimpleStreamReaderWrapper
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -70,6 +69,7 @@ from queue_engine.spark.channel_tables import (
     TopicCountsReader,
     channels_schema,
 )
+from queue_engine.spark.prefetch import PREFETCH_SUPPORTED, SimpleInputPartition, SimpleWrapper
 from queue_engine.store.append import file_stats_json
 from queue_engine.store.commit_log import (
     AddedFilesCache,
@@ -180,6 +180,12 @@ class DeltaqDataSource(DataSource):
             # "prefetch" false: every micro-batch is read by tasks on the executors (the
             # cluster path); true: small ones are read in the driver's Python process.
             if str(self.options.get("prefetch", "true")).lower() == "false":
+                return offsets
+            if not PREFETCH_SUPPORTED:
+                log.warning(
+                    "this PySpark has no prefetching stream reader: reading every "
+                    "micro-batch in Python tasks"
+                )
                 return offsets
             return TopicsHybridReader(
                 offsets,
@@ -550,12 +556,12 @@ class TopicsPrefetchingReader(SimpleDataSourceStreamReader, SupportsTriggerAvail
         yield from _read_files(self.offsets.planned(start, end), TOPICS_STREAM_SCHEMA, True)
 
 
-class TopicsHybridReader(_SimpleStreamReaderWrapper):
+class TopicsHybridReader(SimpleWrapper):
     """The topics stream's reader: small micro-batches prefetched (TopicsPrefetchingReader),
     large ones read by parallel tasks.
 
     Spark treats a reader of this class (pyspark's wrapper of simple readers, a private API of
-    PySpark, hence the exact pin in pyproject.toml) specially: the rows it caches in
+    PySpark: see queue_engine/spark/prefetch.py) specially: the rows it caches in
     ``latestOffset`` are sent to the JVM with the plan, and when it has none cached for a batch
     (a large batch, or one replayed after a restart) Spark runs ``read`` on the
     ``partitions`` in Python tasks.

@@ -54,11 +54,12 @@ def expected(spark: SparkSession, table: pa.Table) -> DataFrame:
     )
 
 
-def test_engine_detection_here_is_delta_rs(spark: SparkSession) -> None:
-    # Maven Central is unreachable here, so delta-spark's jars cannot be on the classpath.
-    assert engine(spark) is Engine.DELTA_RS
-    # ... so reads stay on deltaq's source and the fanout writes channel rows from the driver.
-    assert read_format(spark) == "deltaq"
+def test_delta_spark_is_on_the_sessions_classpath(spark: SparkSession) -> None:
+    # delta-spark's jars come from Maven Central (Ivy's cache) like any user's session.
+    assert engine(spark) is Engine.DELTA_SPARK
+    assert read_format(spark) == "delta"
+    assert spark.conf.get("spark.sql.extensions") == "io.delta.sql.DeltaSparkSessionExtension"
+    # On a local master the fanout appends channel rows from the driver all the same.
     assert channel_format_for(spark) is None
     assert channel_format_for(spark, "deltaq") == "deltaq"
     with pytest.raises(ValueError, match="one of auto, driver, delta, deltaq"):
@@ -203,7 +204,8 @@ def test_batch_writer_takes_delta_sparks_idempotent_write_options(
     assert sorted(DeltaTable(str(path)).to_pyarrow_table()["id"].to_pylist()) == sorted(
         batch(4, 0)["id"].to_pylist() * 2
     )
-    with pytest.raises(Exception, match="txnAppId and txnVersion go together"):
+    # delta-spark's session extension checks the pair first, for every format, with its words.
+    with pytest.raises(Exception, match=r"txnAppId and txnVersion go together|Both txnVersion"):
         rows.write.format("deltaq").mode("append").option("txnAppId", "app").save(str(path))
 
 
