@@ -128,6 +128,7 @@ async def overview(request: Request) -> Response:
                 "depth": t.depth,
                 "messages": t.message_count,
                 "version": t.version,
+                "refused": t.refused,
                 "channels": channels,
                 **history.latest_rates(t.name),
             }

@@ -49,6 +49,8 @@ async def info(request: Request) -> Response:
         "ack": str(broker.settings.ack),
     }
     body.update(await _nodes_json(broker))
+    # Topics whose tables deltaq refuses (a Delta feature it cannot keep working with).
+    body["refused_topics"] = {t.name: t.refused for t in broker.stats() if t.refused}
     jobs = _jobs(request)
     if jobs is not None:
         body["jobs"] = jobs
@@ -135,6 +137,9 @@ def _topic_json(t: TopicStats) -> dict[str, Any]:
         "delta_version": t.version,
         "delta_commits": t.commits,
         "delta_commit_ms": {"p50": t.commit_p50_ms, "p99": t.commit_p99_ms},
+        # deltaq: why the topic's table takes no publishes (a Delta feature another engine
+        # enabled that deltaq cannot keep working with), or null.
+        "refused": t.refused,
     }
 
 
@@ -209,6 +214,8 @@ async def stats(
     if _BOOL.get(include_mem or "", True):
         body["memory"] = _memory()
     body.update(await _nodes_json(broker))
+    # Topics whose tables deltaq refuses (a Delta feature it cannot keep working with).
+    body["refused_topics"] = {t.name: t.refused for t in broker.stats() if t.refused}
     jobs = _jobs(request)
     if jobs is not None:
         body["jobs"] = jobs

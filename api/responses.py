@@ -56,6 +56,10 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.INTERNAL_ERROR: 500,
     ErrorCode.E_COMMIT_FAILED: 503,
     ErrorCode.EXITING: 503,
+    # A state of the topic's table, not of the request: retrying does not help until the
+    # table changes.
+    ErrorCode.E_TABLE_REFUSED: 409,
+    ErrorCode.E_CONSTRAINT_VIOLATED: 400,
     # Another node serves the channel: the same request there (Location).
     ErrorCode.CHANNEL_ELSEWHERE: 307,
     # The node named is not live (a state of the warehouse, not a malformed request).
@@ -102,6 +106,8 @@ def queue_error_body(exc: QueueError) -> bytes:
             payload["param"] = exc.param
         if exc.detail:
             payload["reason"] = exc.detail
+    if exc.code in (ErrorCode.E_TABLE_REFUSED, ErrorCode.E_CONSTRAINT_VIOLATED) and exc.detail:
+        payload["reason"] = exc.detail
     if exc.failed is not None:
         payload["failed"] = exc.failed
     if isinstance(exc, ChannelElsewhereError):

@@ -30,6 +30,7 @@ from queue_engine.registry import Action, Registry, RegistryEvent, TopicInfo
 from queue_engine.replay import Bound, ReplayResult, run_replay
 from queue_engine.settings import AckMode, Settings
 from queue_engine.stats import ChannelStats, TopicStats, percentile_ms
+from queue_engine.store.append import ConstraintViolation
 from queue_engine.store.commit_log import latest_version
 from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
 from queue_engine.store.nodes import Node, NodeDirectory, NodeRecord
@@ -37,6 +38,7 @@ from queue_engine.store.notices import NoticeReader, NoticeWriter, topic_writer
 from queue_engine.store.object_store import is_remote
 from queue_engine.store.ownership import Ownership
 from queue_engine.store.registry_store import RegistryMovedError, RegistryStore
+from queue_engine.store.table_features import TableRefusedError
 from queue_engine.store.tables import Warehouse, delete_tree, list_dirs
 from queue_engine.store.writer import CommitStats, TopicWriter, WriterClosedError
 
@@ -295,6 +297,9 @@ class Broker:
             raise QueueError(ErrorCode.EXITING)
         started = time.perf_counter()
         writer = self._writers.get(topic) or await self._create_topic(topic)
+        refusal = writer.refusal()
+        if refusal is not None:
+            raise QueueError(ErrorCode.E_TABLE_REFUSED, refusal.reason)
         published_at_us = time.time_ns() // 1000
         deliver_at_us = published_at_us + defer_ms * 1000 if defer_ms else None
         expires_at_us = published_at_us + ttl_ms * 1000 if ttl_ms else None
@@ -910,6 +915,7 @@ class Broker:
             channels=channels,
             commit_p50_ms=percentile_ms(durations, 0.50),
             commit_p99_ms=percentile_ms(durations, 0.99),
+            refused=_refused(self._writers.get(info.name)),
         )
 
     def _topic_depth(self, info: TopicInfo, stats: CommitStats) -> int:
@@ -1156,6 +1162,22 @@ class Broker:
         )
 
 
+def _refused(writer: TopicWriter | None) -> str | None:
+    refusal = writer.refusal() if writer is not None else None
+    return refusal.reason if refusal is not None else None
+
+
+def commit_error(error: BaseException) -> QueueError:
+    """What a publisher is answered when the commit carrying its messages failed."""
+    if isinstance(error, QueueError):
+        return error
+    if isinstance(error, TableRefusedError):
+        return QueueError(ErrorCode.E_TABLE_REFUSED, error.reason)
+    if isinstance(error, ConstraintViolation):
+        return QueueError(ErrorCode.E_CONSTRAINT_VIOLATED, error.reason)
+    return QueueError(ErrorCode.E_COMMIT_FAILED, str(error))
+
+
 def _resolve(futures: Iterable[asyncio.Future[None]], error: BaseException | None) -> None:
     for future in futures:
         if future.done():
@@ -1163,7 +1185,7 @@ def _resolve(futures: Iterable[asyncio.Future[None]], error: BaseException | Non
         if error is None:
             future.set_result(None)
         else:
-            future.set_exception(QueueError(ErrorCode.E_COMMIT_FAILED, str(error)))
+            future.set_exception(commit_error(error))
 
 
 def _close_all(writers: list[TopicWriter]) -> None:

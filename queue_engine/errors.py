@@ -65,6 +65,12 @@ class ErrorCode(StrEnum):
     E_UNAUTHORIZED = "E_UNAUTHORIZED"
     # deltaq: the Delta commit carrying the message failed; nothing of it was committed.
     E_COMMIT_FAILED = "E_COMMIT_FAILED"
+    # deltaq: the topic's table uses a Delta feature deltaq cannot keep working with (another
+    # engine enabled it); the body's "reason" names the feature. Nothing was written.
+    E_TABLE_REFUSED = "E_TABLE_REFUSED"
+    # deltaq: the message broke a CHECK constraint (or invariant) another engine put on the
+    # topic's table; the body's "reason" names the constraint. Nothing was written.
+    E_CONSTRAINT_VIOLATED = "E_CONSTRAINT_VIOLATED"
     # deltaq: another API node of the warehouse serves the channel (HTTP: a 307 to it).
     CHANNEL_ELSEWHERE = "CHANNEL_ELSEWHERE"
 

@@ -296,8 +296,9 @@ def _open(path: str, report: RetentionReport, *, missing_ok: bool = False) -> De
         if not missing_ok:
             report.skipped.append(f"{path}: no table")
         return None
-    if not removal_supported(dt):
-        report.skipped.append(f"{path}: protocol with table features (left as it is)")
+    refused = removal_supported(dt)
+    if refused is not None:
+        report.skipped.append(f"{path}: {refused}")
         return None
     return dt
 

@@ -49,6 +49,9 @@ class TopicStats:
     channels: list[ChannelStats]
     commit_p50_ms: float = 0.0
     commit_p99_ms: float = 0.0
+    # Why the topic's table takes no publishes (a Delta feature deltaq cannot keep working
+    # with), or None.
+    refused: str | None = None
 
 
 def percentile_ms(ordered: list[float], q: float) -> float:

@@ -95,6 +95,13 @@ function render(overview) {
     link.textContent = t.name;
     link.addEventListener("click", () => select(t.name, null));
     name.appendChild(link);
+    if (t.refused) {
+      // The table uses a Delta feature deltaq cannot keep working with: say which.
+      const why = document.createElement("div");
+      why.className = "refused";
+      why.textContent = `refused: ${t.refused}`;
+      name.appendChild(why);
+    }
     cell(row, fmt(t.depth), "depth");
     cell(row, ""); cell(row, ""); cell(row, ""); cell(row, ""); cell(row, ""); cell(row, "");
     cell(row, fmt(t.publish_rate, 1), "publish-rate");

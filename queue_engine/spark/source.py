@@ -35,6 +35,7 @@ from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
@@ -73,6 +74,7 @@ from queue_engine.spark.prefetch import PREFETCH_SUPPORTED, SimpleInputPartition
 from queue_engine.store.append import file_stats_json
 from queue_engine.store.commit_log import (
     AddedFilesCache,
+    RefusedCommit,
     added_files,
     latest_version,
 )
@@ -118,7 +120,9 @@ TOPICS_STREAM_SCHEMA = pa.schema(
 )
 
 
-FileRef = tuple[str, str | None, int]  # (data file, topic or None, Delta version)
+# (data file, topic or None, Delta version, files whose rows' ids are not read from it: see
+# commit_log.AddedFile.exclude_ids_of)
+FileRef = tuple[str, str | None, int, tuple[str, ...]]
 
 
 def _groups(files: Sequence[FileRef], size: int) -> list[InputPartition]:
@@ -260,7 +264,7 @@ class TableReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         uris = self.selection.files(self.path)
-        return _groups([(u, None, -1) for u in uris], self.files_per_partition) or [
+        return _groups([(u, None, -1, ()) for u in uris], self.files_per_partition) or [
             InputPartition(())
         ]
 
@@ -292,7 +296,14 @@ def _read_files(
     batches: list[pa.RecordBatch] = []
     topics: list[str | None] = []
     versions: list[int] = []
-    for batch, topic, version in read(files, file_schema):
+    # A rewrite's rows that the reader had already, through the files it rewrote.
+    read_before: dict[tuple[str, ...], pa.Array] = {}
+    for rows, topic, version, earlier in read(files, file_schema):
+        batch = rows
+        if earlier:
+            if earlier not in read_before:
+                read_before[earlier] = _ids_of(earlier)
+            batch = rows.filter(pc.invert(pc.is_in(rows["id"], value_set=read_before[earlier])))
         batches.append(batch)
         if with_topic:
             topics.extend([topic] * batch.num_rows)
@@ -305,29 +316,41 @@ def _read_files(
     yield from combined.to_batches(max_chunksize=_BATCH_ROWS)
 
 
+def _ids_of(paths: Sequence[str]) -> pa.Array:
+    """The message ids the data files hold (a vacuumed file: none, and a warning)."""
+    ids: list[pa.Array] = []
+    for path in paths:
+        fs, local = filesystem(path)
+        try:
+            ids.append(pq.read_table(local, columns=["id"], filesystem=fs)["id"].combine_chunks())
+        except FileNotFoundError:
+            log.warning("%s was vacuumed: its rows cannot be told from a rewrite's", path)
+    return pa.concat_arrays(ids) if ids else pa.array([], pa.string())
+
+
 def _local_batches(
     files: Sequence[FileRef], file_schema: pa.Schema
-) -> Iterator[tuple[pa.RecordBatch, str | None, int]]:
-    """Each file's batches with its topic and version, through one dataset scan."""
-    owners = {filesystem(path)[1]: (topic, version) for path, topic, version in files}
-    dataset = parquet_dataset([path for path, _, _ in files], file_schema)
+) -> Iterator[tuple[pa.RecordBatch, str | None, int, tuple[str, ...]]]:
+    """Each file's batches with the rest of its FileRef, through one dataset scan."""
+    owners = {filesystem(ref[0])[1]: ref[1:] for ref in files}
+    dataset = parquet_dataset([path for path, _, _, _ in files], file_schema)
     for tagged in dataset.scanner().scan_batches():
-        topic, version = owners[tagged.fragment.path]
-        yield tagged.record_batch, topic, version
+        topic, version, earlier = owners[tagged.fragment.path]
+        yield tagged.record_batch, topic, version, earlier
 
 
 def _remote_batches(
     files: Sequence[FileRef], file_schema: pa.Schema
-) -> Iterator[tuple[pa.RecordBatch, str | None, int]]:
+) -> Iterator[tuple[pa.RecordBatch, str | None, int, tuple[str, ...]]]:
     """The same from an object store: each file fetched whole with one GET, all at once (a
     dataset scan asks a HEAD and two ranged GETs per file, one file after another)."""
-    datas = read_objects([path for path, _, _ in files])
-    for (path, topic, version), data in zip(files, datas, strict=True):
+    datas = read_objects([path for path, _, _, _ in files])
+    for (path, topic, version, earlier), data in zip(files, datas, strict=True):
         if data is None:
             raise FileNotFoundError(path)
         table = conform(pq.read_table(pa.BufferReader(data)), file_schema)
         for batch in table.to_batches():
-            yield batch, topic, version
+            yield batch, topic, version, earlier
 
 
 # Rows per Arrow batch handed to Spark: large enough to amortise the per-batch cost, small
@@ -366,7 +389,9 @@ class TableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         files = added_files(self.path, start["version"], end["version"])
-        return _groups([(f.path, None, f.version) for f in files], self.files_per_partition)
+        return _groups(
+            [(f.path, None, f.version, f.exclude_ids_of) for f in files], self.files_per_partition
+        )
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         yield from _read_files(_files(partition), _arrow_schema(self.path), with_topic=False)
@@ -413,6 +438,8 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._writers_listed = -math.inf
         self._probed_at = time.monotonic()
         self._cursor = 0
+        # (topic, version) of the refused commits already logged.
+        self._refused: set[tuple[str, int]] = set()
 
     def _registry(self) -> Registry:
         return self._registry_reader.get()
@@ -456,6 +483,7 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if self.target is not None:
                 target = self.target.get(name)
                 latest = min(latest, target[1]) if target and target[0] == seq else begin_version
+            latest = self._before_refusal(name, path, begin_version, latest)
             if budget is not None:
                 latest = min(latest, begin_version + max(budget, 0))
                 latest, rows = self._row_capped(path, begin_version, latest, rows_left)
@@ -466,6 +494,26 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # decides on it whether to prefetch.
         self.last_rows = None if budget is None else self.max_rows - rows_left
         return end
+
+    def _before_refusal(self, name: str, path: str, begin: int, latest: int) -> int:
+        """``latest``, or the version before the first commit of (begin, latest] that the
+        stream cannot follow (a deletion vector, a feature: ``RefusedCommit``). The topic
+        stays there, saying why once, while every other topic moves on."""
+        if latest <= begin:
+            return latest
+        for commit in self._log.commits(path, begin, latest):
+            if commit.refusal is not None:
+                key = (name, commit.version)
+                if key not in self._refused:
+                    self._refused.add(key)
+                    log.error(
+                        "topic %s is held before version %d: %s",
+                        name,
+                        commit.version,
+                        RefusedCommit(path, commit.version, commit.refusal),
+                    )
+                return commit.version - 1
+        return latest
 
     def _to_probe(self, names: list[str], everything: bool) -> set[str] | None:
         """The topics this trigger probes for new versions (None: all): those named in the
@@ -503,7 +551,7 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The files of the micro-batch (start, end], with their topic and version, topics in
         name order."""
         return [
-            (f.path, name, f.version)
+            (f.path, name, f.version, f.exclude_ids_of)
             for name, (seq, version) in sorted(end.items())
             for f in self._log.added(
                 self.warehouse.topic_path(name), _begin_version(start, name, seq), version

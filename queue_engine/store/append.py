@@ -8,7 +8,13 @@ is the simplest thing in the Delta protocol: write one Parquet file, then create
 (put-if-absent: an atomic no-replace rename, see ``put_if_absent``). That takes ~1 ms. On an
 object store the same two steps are two PUTs (``ObjectStoreAppender``). They are used only
 where the table's protocol is one these writers fully honour (reader 1, writer <= 2, no table
-features); otherwise every append goes through delta-rs.
+features, no column invariants); otherwise every append goes through delta-rs, and a table whose
+features neither honours is refused (``table_features``).
+
+Another engine may change the protocol or metadata at any version. A fast appender reads every
+commit between the version it last read and the one it appends after (on reopen as much as on
+a lost race): a commit carrying ``protocol`` or ``metaData`` makes it step aside, and the table
+is judged afresh (``append_or_fall_back``).
 """
 
 from __future__ import annotations
@@ -25,14 +31,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import CommitProperties, PostCommitHookProperties, Transaction
 
 from queue_engine import __version__
-from queue_engine.store.commit_log import latest_version
+from queue_engine.store.commit_log import commit_actions, latest_version
 from queue_engine.store.object_store import is_remote, store_and_key
 from queue_engine.store.put_if_absent import move_if_absent
 from queue_engine.store.spare_files import SpareFiles
+from queue_engine.store.table_features import (
+    TableRefusedError,
+    check_constraints,
+    table_refusal,
+    unsupported_features,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,14 +99,53 @@ class DeltaRsAppender:
                     post_commithook_properties=_NO_HOOKS,
                 )
                 return int(self._dt.version())
-            except CommitFailedError:
+            except CommitFailedError as exc:
+                features = unsupported_features(str(exc))
+                if features:
+                    # No retry makes a feature delta-rs lacks appear: refuse the table.
+                    raise TableRefusedError(self.path, features[0]) from exc
                 # delta-rs raises this only when its own retries found no free version, so the
                 # commit did not land: retrying cannot duplicate the batch.
                 if attempt == _ATTEMPTS:
                     raise
                 log.warning("commit to %s conflicted (attempt %d), retrying", self.path, attempt)
                 self.reopen()
+            except DeltaError as exc:
+                if "failed validation check" in str(exc) or "Invariant violations" in str(exc):
+                    raise ConstraintViolation(self.path, check_constraints(self._dt)) from exc
+                raise
         raise AssertionError("unreachable")
+
+
+class ConstraintViolation(ValueError):
+    """Rows of an append broke a CHECK constraint or invariant of the table: nothing of the
+    append was committed."""
+
+    def __init__(self, path: str, constraints: dict[str, str]) -> None:
+        named = ", ".join(f"{name} ({expr})" for name, expr in sorted(constraints.items()))
+        self.reason = "the table's constraints refused the rows" + (
+            f": CHECK {named}" if named else " (a column invariant)"
+        )
+        super().__init__(f"{path}: {self.reason}")
+        self.constraints = constraints
+
+
+class RefusedAppender:
+    """The appender of a refused table: every append raises TableRefusedError, nothing is
+    written (``refusal`` says why)."""
+
+    def __init__(self, path: str, feature: str) -> None:
+        self.path = path
+        self.refusal = TableRefusedError(path, feature)
+
+    def reopen(self, known: int | None = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def append(self, table: pa.Table, txn: Transaction | None = None) -> int:
+        raise self.refusal
 
 
 class LocalAppender:
@@ -110,19 +161,21 @@ class LocalAppender:
         self._check_winner = check_winner or _refuse_schema_change
         self._log_dir = os.path.join(self.path, "_delta_log")
         self._next_version = (DeltaTable(path).version() if version is None else version) + 1
+        self._stale: str | None = None
         self._spares = SpareFiles(self.path)
 
     def reopen(self, known: int | None = None) -> None:
-        if known is not None:
-            self._next_version = known + 1
-            return
         # Probe onwards from the versions known: opening the table would replay its log.
-        self._next_version = latest_version(self.path, self._next_version - 1) + 1
+        target = latest_version(self.path, self._next_version - 1) if known is None else known
+        self._stale = self._stale or skipped_change(self.path, self._next_version, target)
+        self._next_version = target + 1
 
     def close(self) -> None:
         self._spares.close()
 
     def append(self, table: pa.Table, txn: Transaction | None = None) -> int:
+        if self._stale:
+            raise ProtocolChangedError(self._stale)
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         file_path = os.path.join(self.path, name)
         buffer = pa.BufferOutputStream()
@@ -183,18 +236,20 @@ class ObjectStoreAppender:
         self._store, key = store_and_key(self.path)
         self._prefix = f"{key}/" if key else ""
         self._next_version = (DeltaTable(path).version() if version is None else version) + 1
+        self._stale: str | None = None
 
     def reopen(self, known: int | None = None) -> None:
-        if known is not None:
-            self._next_version = known + 1
-            return
         # One listing from the versions known: opening the table would replay its log.
-        self._next_version = latest_version(self.path, self._next_version - 1) + 1
+        target = latest_version(self.path, self._next_version - 1) if known is None else known
+        self._stale = self._stale or skipped_change(self.path, self._next_version, target)
+        self._next_version = target + 1
 
     def close(self) -> None:
         pass
 
     def append(self, table: pa.Table, txn: Transaction | None = None) -> int:
+        if self._stale:
+            raise ProtocolChangedError(self._stale)
         import obstore
         from obstore.exceptions import AlreadyExistsError
 
@@ -271,6 +326,22 @@ def refuse_any_winner(actions: list[Any]) -> None:
     raise VersionTakenError("another commit took the version")
 
 
+def skipped_change(path: str, first: int, last: int) -> str | None:
+    """Why an appender that read the table up to version ``first - 1`` must not append after
+    ``last`` blindly: one of the commits ``first..last`` changed the protocol or metadata, or
+    is gone (log cleanup: what it held is unknown). None: only data commits."""
+    if last < first:
+        return None
+    commits = commit_actions(path, list(range(first, last + 1)))
+    for version in range(first, last + 1):
+        actions = commits.get(version)
+        if actions is None:
+            return f"commit {version} is gone from the log"
+        if any("metaData" in a or "protocol" in a for a in actions):
+            return f"version {version} changed the table's metadata or protocol"
+    return None
+
+
 def _refuse_schema_change(actions: list[Any]) -> None:
     # Another committer (a compaction) took the version. A blind append does not conflict
     # with data commits, but a metadata or protocol change could make this writer wrong:
@@ -338,22 +409,29 @@ def blind_appends_honoured(dt: DeltaTable) -> bool:
         and protocol.min_writer_version <= 2
         and not (protocol.writer_features or [])
         and not (protocol.reader_features or [])
+        # Writer version 2's column invariants are checked by delta-rs, not by these writers.
+        and "delta.invariants" not in dt.schema().to_json()
     )
 
 
 def append_or_fall_back(
-    appender: Appender, path: str, table: pa.Table, txn: Transaction | None = None
+    appender: Appender,
+    path: str,
+    table: pa.Table,
+    txn: Transaction | None = None,
+    check_winner: CheckWinner | None = None,
 ) -> tuple[Appender, int]:
     """Append ``table`` (recording ``txn`` in the same commit) with ``appender``; if the fast
-    appender finds the table's protocol or metadata changed, append through (and go on with)
-    delta-rs. Returns the appender to use from now on and the version committed."""
+    appender finds the table's protocol or metadata changed, judge the table afresh
+    (``appender_for``: the fast appender again, delta-rs, or a refusal) and append with that.
+    Returns the appender to use from now on and the version committed."""
     try:
         return appender, appender.append(table, txn)
-    except ProtocolChangedError:
-        log.warning("%s changed protocol or metadata; appending through delta-rs", path)
+    except ProtocolChangedError as exc:
+        log.warning("%s: %s; reading its protocol again", path, exc)
         appender.close()
-        fallback = DeltaRsAppender(path)
-        return fallback, fallback.append(table, txn)
+        fresh = appender_for(path, check_winner=check_winner)
+        return fresh, fresh.append(table, txn)
 
 
 def appender_for(
@@ -361,10 +439,12 @@ def appender_for(
 ) -> Appender:
     """The fastest appender that honours the table at ``path``; ``check_winner`` as for
     ``LocalAppender`` (delta-rs, where the protocol needs it, retries blind appends itself)."""
-    if not allow_fast:
-        return DeltaRsAppender(path)
     dt = DeltaTable(path)
-    if not blind_appends_honoured(dt):
+    refused = table_refusal(dt)
+    if refused is not None:
+        log.error("%s", TableRefusedError(path, refused))
+        return RefusedAppender(path, refused)
+    if not allow_fast or not blind_appends_honoured(dt):
         return DeltaRsAppender(path)
     if is_remote(path):
         return ObjectStoreAppender(path, dt.version(), check_winner)

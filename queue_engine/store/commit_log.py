@@ -1,16 +1,32 @@
 """Reading what Delta versions added, straight from ``_delta_log`` (no table scan).
 
-Tailing readers (the fanout's stream source) need "which data files did versions (s, e] add".
+Tailing readers (the fanout's stream source) need "which rows did versions (s, e] add".
 Parsing those commits' JSON is under a millisecond per small commit; diffing snapshots is far
-slower. Compaction commits add files with ``dataChange=false``: their rows were already
-delivered by earlier versions, so they are skipped.
+slower. What each kind of commit means (Delta's PROTOCOL.md; delta-spark writes them so):
+
+- an append: ``add`` actions with ``dataChange=true``: new rows;
+- OPTIMIZE / compaction: ``remove`` and ``add`` with ``dataChange=false``: the same rows moved,
+  skipped;
+- retention, or a DELETE that drops whole files: ``remove`` with ``dataChange=true`` alone;
+- DELETE / UPDATE / MERGE rewriting files: ``remove`` (``dataChange=true``) of each touched file
+  and ``add`` of its surviving rows. Most of those rows were in the table already.
+
+So a rewrite is read by what its removed files were to the reader. A removed file the range
+added itself (not read yet) is dropped from the range: its rows are gone before anyone took
+them. The rewrite's added rows are new to the reader only where they survive such a file: when
+every removed file was added before the range, the adds are skipped (the reader had those rows
+already); when none was, they are read; when both, they are read except the rows whose ids the
+earlier files hold (``AddedFile.exclude_ids_of``). A commit that brings what these readers
+cannot follow (a deletion vector, a feature; ``table_features.commit_refusal``) raises
+RefusedCommit naming its version, so a reader can stop right before it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 from urllib.parse import unquote
 
 import pyarrow.fs as pafs
@@ -23,6 +39,7 @@ from queue_engine.store.object_store import (
     read_object,
     read_objects,
 )
+from queue_engine.store.table_features import TableRefusedError, commit_refusal
 from queue_engine.store.tables import filesystem
 
 
@@ -37,6 +54,52 @@ class AddedFile:
     # Its smallest and largest message ``id`` (topic and channel tables).
     min_id: str | None = None
     max_id: str | None = None
+    # Data files whose rows' ids are not read from this one: the rows of a rewrite that a
+    # reader already had through those files (see the module's docstring).
+    exclude_ids_of: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ParsedCommit:
+    """What one commit means to a tailing reader."""
+
+    version: int
+    adds: list[AddedFile]
+    # Data files it removed with dataChange=true (absolute paths).
+    removes: frozenset[str]
+    # A feature deltaq's readers cannot follow, brought by this commit (None: none).
+    refusal: str | None = None
+
+
+class RefusedCommit(TableRefusedError):
+    """A commit a tailing reader cannot follow; everything before ``version`` can be read."""
+
+    def __init__(self, path: str, version: int, feature: str) -> None:
+        super().__init__(path, feature)
+        self.version = version
+
+
+def resolve(root: str, commits: list[ParsedCommit]) -> list[AddedFile]:
+    """The files holding the rows ``commits`` (consecutive, oldest first) added for a reader
+    that has read everything before the first of them."""
+    files: list[AddedFile] = []
+    for commit in commits:
+        if commit.refusal is not None:
+            raise RefusedCommit(root, commit.version, commit.refusal)
+        if not commit.removes:
+            files.extend(commit.adds)
+            continue
+        unread = {f.path for f in files} & commit.removes
+        if unread:
+            files = [f for f in files if f.path not in commit.removes]
+        if not commit.adds:
+            continue
+        read_before = tuple(sorted(commit.removes - unread))
+        if not read_before:
+            files.extend(commit.adds)
+        elif unread:
+            files.extend(replace(add, exclude_ids_of=read_before) for add in commit.adds)
+    return files
 
 
 def commit_file(version: int) -> str:
@@ -71,44 +134,69 @@ def latest_version(root: str, known: int = -1) -> int:
 
 
 def messages_added(root: str, start_exclusive: int, end_inclusive: int) -> dict[int, int]:
-    """Rows each version in ``(start_exclusive, end_inclusive]`` added (versions whose commit
-    file is gone, after log cleanup, are left out)."""
+    """Rows each version in ``(start_exclusive, end_inclusive]`` appended (versions whose commit
+    file is gone, after log cleanup, are left out; a rewrite appends none)."""
     versions = range(start_exclusive + 1, end_inclusive + 1)
-    added = versions_added_files(root, list(versions), missing_ok=True)
-    return {v: sum(f.num_records or 0 for f in files) for v, files in added.items()}
+    parsed = parse_commits(root, list(versions), missing_ok=True)
+    return {
+        v: 0 if c.removes else sum(f.num_records or 0 for f in c.adds) for v, c in parsed.items()
+    }
 
 
 def added_files(root: str, start_exclusive: int, end_inclusive: int) -> list[AddedFile]:
-    """Data files that versions ``(start_exclusive, end_inclusive]`` added with dataChange."""
+    """Data files holding the rows versions ``(start_exclusive, end_inclusive]`` added, for a
+    reader that has read the versions before (``resolve``)."""
     versions = list(range(start_exclusive + 1, end_inclusive + 1))
-    added = versions_added_files(root, versions)
-    return [f for v in versions for f in added[v]]
+    parsed = parse_commits(root, versions)
+    return resolve(root, [parsed[v] for v in versions])
 
 
-def versions_added_files(
+def parse_commits(
     root: str, versions: list[int], *, missing_ok: bool = False
-) -> dict[int, list[AddedFile]]:
-    """``version_added_files`` of each version; on an object store the commit files are read
+) -> dict[int, ParsedCommit]:
+    """Each version's commit, parsed; on an object store the commit files are read
     concurrently. A missing commit file raises, or with ``missing_ok`` is left out."""
     if not is_remote(root):
-        found: dict[int, list[AddedFile]] = {}
+        found: dict[int, ParsedCommit] = {}
         for version in versions:
             try:
-                found[version] = version_added_files(root, version)
+                found[version] = parse_commit(root, version)
             except FileNotFoundError:
                 if not missing_ok:
                     raise
         return found
     base = root.rstrip("/")
     texts = read_objects([f"{base}/{commit_file(v)}" for v in versions])
-    result: dict[int, list[AddedFile]] = {}
+    result: dict[int, ParsedCommit] = {}
     for version, data in zip(versions, texts, strict=True):
         if data is None:
             if missing_ok:
                 continue
             raise FileNotFoundError(f"{base}/{commit_file(version)}")
-        result[version] = _parse_added(root, version, data.decode())
+        result[version] = _parse(root, version, data.decode())
     return result
+
+
+def commit_actions(root: str, versions: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """The actions of each of ``versions``' commits (a version whose commit file is gone is
+    left out); on an object store the commit files are read concurrently."""
+    texts: list[bytes | None]
+    if is_remote(root):
+        base = root.rstrip("/")
+        texts = list(read_objects([f"{base}/{commit_file(v)}" for v in versions]))
+    else:
+        texts = []
+        for version in versions:
+            try:
+                with open(f"{os.path.abspath(root)}/{commit_file(version)}", "rb") as f:
+                    texts.append(f.read())
+            except FileNotFoundError:
+                texts.append(None)
+    return {
+        version: [json.loads(line) for line in data.splitlines() if line.strip()]
+        for version, data in zip(versions, texts, strict=True)
+        if data is not None
+    }
 
 
 def commit_info(root: str, version: int) -> dict[str, object] | None:
@@ -132,23 +220,27 @@ def commit_info(root: str, version: int) -> dict[str, object] | None:
     return None
 
 
-def version_added_files(root: str, version: int) -> list[AddedFile]:
-    """Data files that one version added with dataChange."""
+def parse_commit(root: str, version: int) -> ParsedCommit:
+    """One version's commit, parsed."""
     if is_remote(root):
         data = read_object(f"{root.rstrip('/')}/{commit_file(version)}")
         if data is None:
             raise FileNotFoundError(f"{root}/{commit_file(version)}")
-        return _parse_added(root, version, data.decode())
+        return _parse(root, version, data.decode())
     with open(f"{os.path.abspath(root)}/{commit_file(version)}", "rb") as f:
-        return _parse_added(root, version, f.read().decode())
+        return _parse(root, version, f.read().decode())
 
 
-def _parse_added(root: str, version: int, text: str) -> list[AddedFile]:
+def _parse(root: str, version: int, text: str) -> ParsedCommit:
     files: list[AddedFile] = []
-    for line in text.splitlines():
-        if not line.strip():
+    removes: set[str] = set()
+    actions = [json.loads(line) for line in text.splitlines() if line.strip()]
+    for action in actions:
+        remove = action.get("remove")
+        if remove is not None:
+            if remove.get("dataChange", True):
+                removes.add(absolute_path(root, unquote(remove["path"])))
             continue
-        action = json.loads(line)
         add = action.get("add")
         if add is None or not add.get("dataChange", True):
             continue
@@ -166,7 +258,7 @@ def _parse_added(root: str, version: int, text: str) -> list[AddedFile]:
                 highest.get("id"),
             )
         )
-    return files
+    return ParsedCommit(version, files, frozenset(removes), commit_refusal(actions))
 
 
 class AddedFilesCache:
@@ -174,21 +266,25 @@ class AddedFilesCache:
     when it sizes a micro-batch and again when it plans it."""
 
     def __init__(self) -> None:
-        self._versions: dict[str, dict[int, list[AddedFile]]] = {}
+        self._versions: dict[str, dict[int, ParsedCommit]] = {}
 
     def added(self, root: str, start_exclusive: int, end_inclusive: int) -> list[AddedFile]:
+        return resolve(root, self.commits(root, start_exclusive, end_inclusive))
+
+    def commits(self, root: str, start_exclusive: int, end_inclusive: int) -> list[ParsedCommit]:
+        """The parsed commits of versions ``(start_exclusive, end_inclusive]``."""
         known = self._versions.setdefault(root, {})
         wanted = range(start_exclusive + 1, end_inclusive + 1)
         missing = [v for v in wanted if v not in known]
         if len(missing) > 1:
-            known.update(versions_added_files(root, missing))
-        files: list[AddedFile] = []
+            known.update(parse_commits(root, missing))
+        commits: list[ParsedCommit] = []
         for version in wanted:
-            added = known.get(version)
-            if added is None:
-                added = known[version] = version_added_files(root, version)
-            files.extend(added)
-        return files
+            commit = known.get(version)
+            if commit is None:
+                commit = known[version] = parse_commit(root, version)
+            commits.append(commit)
+        return commits
 
     def forget_through(self, root: str, version: int) -> None:
         """Drop what versions <= ``version`` of ``root`` added (processed, never asked again)."""

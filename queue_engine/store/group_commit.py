@@ -29,7 +29,14 @@ import pyarrow as pa
 from deltalake.transaction import Transaction
 from prometheus_client import Histogram
 
-from queue_engine.store.append import Appender, append_or_fall_back, appender_for
+from queue_engine.store.append import (
+    Appender,
+    ConstraintViolation,
+    RefusedAppender,
+    append_or_fall_back,
+    appender_for,
+)
+from queue_engine.store.table_features import TableRefusedError
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +45,9 @@ log = logging.getLogger(__name__)
 Notify = Callable[[list[Any], BaseException | None], None]
 
 T = TypeVar("T")
+
+# How often a refused table is judged again (the feature may have been dropped since).
+REJUDGE_REFUSED_S = 10.0
 
 
 # Commits that can run at once across all tables. Each is mostly file I/O outside the GIL; more
@@ -84,7 +94,9 @@ class GroupCommitter(ABC, Generic[T]):
         self._histogram = histogram
         self._notify = notify
         self._commit_max_bytes = commit_max_bytes
+        self._fast_appends = fast_appends
         self._appender: Appender = appender_for(path, allow_fast=fast_appends)
+        self._judged_at = time.monotonic()
         self._reopen_requested = False
         # Durations of the latest commits, for /stats and benchmarks.
         self.commit_seconds: deque[float] = deque(maxlen=1000)
@@ -134,6 +146,20 @@ class GroupCommitter(ABC, Generic[T]):
         """
         self._reopen_requested = True
 
+    def refusal(self) -> TableRefusedError | None:
+        """Why this table takes no appends (a feature deltaq cannot keep working with), or
+        None. A refused table is judged again every REJUDGE_REFUSED_S."""
+        appender = self._appender
+        if not isinstance(appender, RefusedAppender):
+            return None
+        now = time.monotonic()
+        if now - self._judged_at >= REJUDGE_REFUSED_S:
+            self._judged_at = now
+            with self._commit_lock:
+                self._appender = appender_for(self.path, allow_fast=self._fast_appends)
+            appender = self._appender
+        return appender.refusal if isinstance(appender, RefusedAppender) else None
+
     @property
     def pending_bytes(self) -> int:
         return self._pending_bytes
@@ -162,6 +188,16 @@ class GroupCommitter(ABC, Generic[T]):
         try:
             with self._commit_lock:
                 self._commit([s.item for s in batch])
+        except ConstraintViolation as exc:
+            if len(batch) == 1:
+                error = exc
+            else:
+                # One submission's rows broke a constraint of the table: the others must not
+                # fail with it. Each is committed alone.
+                self._commit_one_by_one(batch)
+                batch = []
+        except TableRefusedError as exc:
+            error = exc
         except BaseException as exc:  # reported to every submitter of the batch
             log.exception("commit to %s failed (%d submissions)", self.path, len(batch))
             error = exc
@@ -169,11 +205,22 @@ class GroupCommitter(ABC, Generic[T]):
         self.commit_seconds.append(elapsed)
         if self._histogram is not None:
             self._histogram.observe(elapsed)
-        self._notify([s.token for s in batch], error)
+        if batch:
+            self._notify([s.token for s in batch], error)
         with self._cond:
             self._draining = False
             self._schedule()
             self._cond.notify_all()
+
+    def _commit_one_by_one(self, batch: list[_Submission[T]]) -> None:
+        for submission in batch:
+            error: BaseException | None = None
+            try:
+                with self._commit_lock:
+                    self._commit([submission.item])
+            except BaseException as exc:
+                error = exc
+            self._notify([submission.token], error)
 
     def _take_batch(self) -> list[_Submission[T]]:
         taken = 0
@@ -193,7 +240,15 @@ class GroupCommitter(ABC, Generic[T]):
         if self._reopen_requested:
             self._reopen_requested = False
             self._appender.reopen()
-        self._appender, version = append_or_fall_back(self._appender, self.path, table, txn)
+        try:
+            self._appender, version = append_or_fall_back(self._appender, self.path, table, txn)
+        except TableRefusedError as exc:
+            # Later appends are refused at once, without touching the table.
+            if not isinstance(self._appender, RefusedAppender):
+                self._appender.close()
+                self._appender = RefusedAppender(self.path, exc.feature)
+                self._judged_at = time.monotonic()
+            raise
         return version
 
     @abstractmethod

@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from deltalake import CommitProperties, DeltaTable
+from deltalake import DeltaTable
 
 from queue_engine.settings import Settings
-from queue_engine.store.append import fast_path_allowed
+from queue_engine.store.append import blind_appends_honoured
 from queue_engine.store.commit_log import latest_version
 from queue_engine.store.compaction import compact_small_files, small_files
 
@@ -73,10 +73,6 @@ class MaintenancePolicy:
             interval_ms=settings.maintenance_interval_ms,
             checkpoint_min_interval_s=settings.checkpoint_min_interval_s,
         )
-
-
-# Lost commit races a compaction rebases over before giving up (delta-rs's default is 15).
-COMPACT_COMMIT_RETRIES = 200
 
 
 class Maintenance:
@@ -217,22 +213,9 @@ class Maintenance:
         return not upkeep.matured_vacuumed and time.monotonic() >= matured_at
 
     def _compact(self, path: str, dt: DeltaTable) -> str:
-        target = self.policy.compact_target_file_bytes
-        if fast_path_allowed(path, dt):
-            done = compact_small_files(path, dt, target)
-            return "nothing" if done is None else f"{done.files_removed} files -> 1"
-        # One task: upkeep must leave the other cores to the queue it maintains. A busy table
-        # commits faster than delta-rs rebases (it gives up after 15 lost races by default);
-        # a compaction conflicts with no append, so it keeps rebasing until it lands.
-        retries = CommitProperties(max_commit_retries=COMPACT_COMMIT_RETRIES)
-        return _summary(
-            dt.optimize.compact(
-                target_size=target, max_concurrent_tasks=1, commit_properties=retries
-            )
-        )
-
-
-def _summary(metrics: object) -> str:
-    if isinstance(metrics, dict):
-        return f"{metrics.get('numFilesRemoved')} files -> {metrics.get('numFilesAdded')}"
-    return str(metrics)
+        if not blind_appends_honoured(dt):
+            # Another engine enabled features deltaq does not write: compaction is that
+            # engine's (OPTIMIZE); a second compactor could race it.
+            return "left to the engine that enabled the table's features"
+        done = compact_small_files(path, dt, self.policy.compact_target_file_bytes)
+        return "nothing" if done is None else f"{done.files_removed} files -> 1"

@@ -81,7 +81,9 @@ class RegistryStore:
         )
         with self._lock:
             try:
-                self._appender, self.version = append_or_fall_back(self._appender, self.path, row)
+                self._appender, self.version = append_or_fall_back(
+                    self._appender, self.path, row, check_winner=refuse_any_winner
+                )
             except VersionTakenError as exc:
                 raise RegistryMovedError(self.path) from exc
 

@@ -3,10 +3,13 @@
 Why whole files and no rewrite: a Delta ``DELETE`` rewrites the files holding matching rows
 and conflicts with appends that land meanwhile; a commit of ``remove`` actions alone does not
 (appends add files, they never read the removed ones), so publishers, the fanout and the
-ledger writers go on undisturbed. The removes carry ``dataChange=false``: streaming readers
-(deltaq's own, and delta-spark's ``readStream``) skip the commit instead of failing on deleted
-data, which is right for rows every reader has already taken. The files themselves stay until
-vacuum, so time travel to before the commit keeps working within the vacuum window.
+ledger writers go on undisturbed. The removes carry ``dataChange=true``, as the protocol says
+of data that is gone: a change-data or stream reader learns that rows were deleted.
+delta-spark's ``readStream`` stops on such a commit unless told ``skipChangeCommits`` (the
+option for tables whose deletes a stream should not follow); deltaq's own tailers read a
+commit of removes alone as "nothing new". The files themselves stay until vacuum, so time
+travel to before the commit keeps working within the vacuum window. A table whose properties
+say ``delta.appendOnly`` is never given such a commit (``removal_supported``).
 
 The commit is put-if-absent like the fast append (``move_if_absent`` locally, ``If-None-Match``
 on an object store). For each version another writer took first: a commit that removed one of
@@ -30,6 +33,7 @@ from queue_engine import __version__
 from queue_engine.store.append import blind_appends_honoured, log_entry, put_log_entry
 from queue_engine.store.object_store import is_remote, store_and_key
 from queue_engine.store.spare_files import SPARE_DIR
+from queue_engine.store.table_features import append_only
 
 _MAX_COMMIT_RACES = 1000
 
@@ -38,10 +42,15 @@ class RemovalConflict(RuntimeError):
     """Another writer removed one of the files, or changed the table's metadata or protocol."""
 
 
-def removal_supported(dt: DeltaTable) -> bool:
-    """Whether deltaq writes this table's protocol (reader 1, writer <= 2, no features); other
-    tables are left as they are rather than written by rules deltaq does not implement."""
-    return blind_appends_honoured(dt)
+def removal_supported(dt: DeltaTable) -> str | None:
+    """Why rows of this table may not be removed (None: they may): deltaq writes only
+    protocols it honours (reader 1, writer <= 2, no features), and an appendOnly table takes
+    no removes."""
+    if not blind_appends_honoured(dt):
+        return "protocol with table features (left to the engine that enabled them)"
+    if append_only(dt):
+        return "delta.appendOnly is set (nothing is removed)"
+    return None
 
 
 def remove_files(
@@ -64,12 +73,12 @@ def remove_files(
         "engineInfo": f"deltaq/{__version__}",
     }
     actions: list[dict[str, object]] = [{"commitInfo": info}]
-    actions += [remove_action(p, size, now_ms) for p, size in files]
+    actions += [remove_action(p, size, now_ms, data_change=True) for p, size in files]
     entry = log_entry(actions)
     check_winner = winner_check(doomed, RemovalConflict)
 
     if is_remote(path):
-        return _put_remote(path, dt.version() + 1, entry, check_winner)
+        return put_remote(path, dt.version() + 1, entry, check_winner, RemovalConflict)
     root = os.path.abspath(path)
     staging_dir = os.path.join(root, SPARE_DIR)
     os.makedirs(staging_dir, exist_ok=True)
@@ -85,14 +94,14 @@ def remove_files(
         raise
 
 
-def remove_action(path: str, size: int, now_ms: int) -> dict[str, object]:
-    """The ``remove`` action of data file ``path`` (as ``get_add_actions`` gives it) by a
-    commit that changes no data a streaming reader has not seen (``dataChange=false``)."""
+def remove_action(path: str, size: int, now_ms: int, *, data_change: bool) -> dict[str, object]:
+    """The ``remove`` action of data file ``path`` (as ``get_add_actions`` gives it):
+    ``data_change`` True when its rows leave the table, False when they move (compaction)."""
     return {
         "remove": {
             "path": quote(path),
             "deletionTimestamp": now_ms,
-            "dataChange": False,
+            "dataChange": data_change,
             "extendedFileMetadata": True,
             "partitionValues": {},
             "size": size,
@@ -116,7 +125,11 @@ def winner_check(doomed: set[str], conflict: type[Exception]) -> Callable[[list[
     return check
 
 
-def _put_remote(path: str, version: int, entry: bytes, check_winner: Any) -> int:
+def put_remote(
+    path: str, version: int, entry: bytes, check_winner: Any, conflict: type[Exception]
+) -> int:
+    """Commit ``entry`` as the first free version from ``version`` on, on an object store
+    (put-if-absent PUT), ``check_winner`` judging each version taken first."""
     import obstore
     from obstore.exceptions import AlreadyExistsError
 
@@ -131,4 +144,4 @@ def _put_remote(path: str, version: int, entry: bytes, check_winner: Any) -> int
             winner = bytes(obstore.get(store, log_key).bytes())
             check_winner([json.loads(line) for line in winner.splitlines() if line.strip()])
             version += 1
-    raise RemovalConflict(f"no free version in {path}/_delta_log")
+    raise conflict(f"no free version in {path}/_delta_log")
