@@ -239,18 +239,17 @@ def fanout_batch_by_spark(
 def channel_format_for(spark: SparkSession, channel_writes: str = "auto") -> str | None:
     """``start_fanout``'s ``channel_format`` for a ``--channel-writes`` choice.
 
-    "auto": on a local master the driver (None) — driver and executors share one machine, and
-    appending from the driver is the low-latency path; on a cluster Spark's writer, so the
-    executors write the rows and the driver only commits: "delta" where delta-spark's jars
-    load, else "deltaq". "driver" is None; a format name is itself.
+    "auto" and "driver": the driver appends each channel's rows (None), the low-latency path
+    (a Spark write per channel table costs hundreds of milliseconds per micro-batch); its
+    memory is bounded by the micro-batch's row cap. "delta" or "deltaq": Spark's writer of
+    that format, so the executors write the rows and the driver only commits (a cluster
+    moving large backlogs; "delta" needs delta-spark's jars, which build_session provides).
     """
     if channel_writes not in CHANNEL_WRITES:
         raise ValueError(f"channel writes: one of {', '.join(CHANNEL_WRITES)}")
-    if channel_writes == "auto":
-        if (spark.sparkContext.master or "local").startswith("local"):
-            return None
-        return "delta" if engine(spark) is Engine.DELTA_SPARK else "deltaq"
-    return None if channel_writes == "driver" else channel_writes
+    if channel_writes == "delta" and engine(spark) is not Engine.DELTA_SPARK:
+        raise ValueError("--channel-writes delta needs delta-spark's jars on Spark's classpath")
+    return None if channel_writes in ("auto", "driver") else channel_writes
 
 
 class ForeignCheckpointError(StoreError):

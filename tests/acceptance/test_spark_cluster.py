@@ -18,6 +18,7 @@ import httpx
 import pytest
 from deltalake import DeltaTable
 
+from queue_engine.spark.session import delta_spark_package
 from queue_engine.store.tables import Warehouse
 from tests.acceptance.conftest import BUCKET
 from tests.conftest import ROOT, Server
@@ -84,10 +85,20 @@ def test_fanout_and_sweep_run_on_the_cluster(
     assert sorted(channel_bodies(root, env, "jobs", "runner")) == sorted(sent)
 
     sweep_log = tmp_path / "sweep.log"
-    sweep_args = ["--master", cluster.url, str(ROOT / "jobs" / "sweep.py"), "--warehouse", root]
+    # spark-submit as the docs say: delta-spark's jars with --packages (from Ivy's cache).
+    sweep_args = [
+        "--master",
+        cluster.url,
+        "--packages",
+        delta_spark_package(),
+        str(ROOT / "jobs" / "sweep.py"),
+        "--warehouse",
+        root,
+    ]
     sweep = driver(sweep_args, env, sweep_log, submit=True)
     assert sweep.wait(240) == 0, sweep_log.read_text()[-3000:]
     assert "swept 1 channels" in sweep_log.read_text()
+    assert "Delta engine: delta-spark" in sweep_log.read_text()
 
     # Both ran as applications of the cluster, with executors on its worker.
     names = {app["name"] for app in cluster.applications()}

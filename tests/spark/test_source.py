@@ -59,8 +59,9 @@ def test_delta_spark_is_on_the_sessions_classpath(spark: SparkSession) -> None:
     assert engine(spark) is Engine.DELTA_SPARK
     assert read_format(spark) == "delta"
     assert spark.conf.get("spark.sql.extensions") == "io.delta.sql.DeltaSparkSessionExtension"
-    # On a local master the fanout appends channel rows from the driver all the same.
+    # The fanout appends channel rows from the driver unless told to use Spark's writer.
     assert channel_format_for(spark) is None
+    assert channel_format_for(spark, "delta") == "delta"
     assert channel_format_for(spark, "deltaq") == "deltaq"
     with pytest.raises(ValueError, match="one of auto, driver, delta, deltaq"):
         channel_format_for(spark, "parquet")
