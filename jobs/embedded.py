@@ -59,7 +59,10 @@ def _run(args: argparse.Namespace, settings: Settings, every: float) -> int:
     from queue_engine.store.tables import Warehouse
 
     spark = build_session(
-        args.master, "deltaq-jobs", connect_port=settings.spark_connect_port or None
+        args.master,
+        "deltaq-jobs",
+        connect_port=settings.spark_connect_port or None,
+        packages=settings.spark_packages,
     )
     query = start_fanout(
         spark,

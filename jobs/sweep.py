@@ -82,7 +82,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.every is None and not warehouse.exists():
         raise CommandError(f"no deltaq warehouse at {settings.warehouse} (no registry table)")
     lock = JobLock(settings.warehouse, "sweep", lease_s=settings.store_lease_s).acquire()
-    spark = build_session(args.master, "deltaq-sweep")
+    spark = build_session(args.master, "deltaq-sweep", packages=settings.spark_packages)
     try:
         if args.every is None:
             progress = Progress()

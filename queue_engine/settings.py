@@ -122,6 +122,10 @@ class Settings(BaseSettings):
     # Where the fanout stream keeps Spark's checkpoint (offsets and commits): a path or URL
     # Spark's Hadoop FileSystem can write. "": <warehouse>/_checkpoints/fanout.
     fanout_checkpoint: str = ""
+    # More Maven coordinates for the jobs' Spark (spark.jars.packages, fetched into Ivy's cache
+    # like delta-spark's): org.apache.hadoop:hadoop-aws:<Spark's Hadoop version> lets Spark
+    # write an s3a:// fanout checkpoint itself. spark-submit's own --packages apply there.
+    spark_packages: list[str] = Field(default_factory=list)
     # Publishing.
     ack: AckMode = AckMode.COMMIT
     # One commit carries at most this many body bytes; more waiting goes in the next commit.

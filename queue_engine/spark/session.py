@@ -118,6 +118,16 @@ def delta_spark_package() -> str:
     return f"io.delta:delta-spark_{spark_line}_2.13:{version('delta-spark')}"
 
 
+def hadoop_aws_package() -> str:
+    """The Maven coordinate of hadoop-aws (Hadoop's S3A) for the Hadoop that this pyspark
+    ships: the two must be the same version."""
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    [api] = sorted(jars.glob("hadoop-client-api-*.jar"))
+    return f"org.apache.hadoop:hadoop-aws:{api.name.removeprefix('hadoop-client-api-')[:-4]}"
+
+
 def _build_session(
     master: str | None,
     app_name: str,
@@ -166,6 +176,8 @@ def _build_session(
             )
     for name, value in executor_environment().items():
         builder = builder.config(f"spark.executorEnv.{name}", value)
+    for key, value in s3a_options(os.environ).items():
+        builder = builder.config(f"spark.hadoop.{key}", value)
     if delta_spark:
         builder = builder.config("spark.sql.extensions", _DELTA_EXTENSION).config(
             "spark.sql.catalog.spark_catalog", _DELTA_CATALOG
@@ -200,6 +212,26 @@ def _build_session(
         "Spark %s (%s); Delta engine: %s", spark.version, spark.sparkContext.master, engine(spark)
     )
     return spark
+
+
+def s3a_options(env: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """Hadoop S3A's options for the S3 endpoint the store's variables name, so that Spark
+    (an ``s3a://`` checkpoint, delta-spark's reads) reaches the same store as delta-rs. S3A
+    takes the credentials from the same variables itself; AWS's own endpoint needs nothing."""
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if not endpoint:
+        return {}
+    options = {
+        "fs.s3a.endpoint": endpoint,
+        # A custom endpoint (MinIO, moto, Ceph) rarely serves virtual-hosted buckets.
+        "fs.s3a.path.style.access": "true",
+    }
+    if endpoint.startswith("http://") or env.get("AWS_ALLOW_HTTP", "").lower() == "true":
+        options["fs.s3a.connection.ssl.enabled"] = "false"
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        options["fs.s3a.endpoint.region"] = region
+    return options
 
 
 def _jars_list(wanted: Sequence[str]) -> Path:

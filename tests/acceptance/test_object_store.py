@@ -3,15 +3,17 @@ publishing and leasing, ``deltaq fanout`` exactly once, ``deltaq sweep``, ``delt
 restarts and kill -9; and the start checks that refuse a store deltaq cannot use safely.
 
 Each command runs as a user runs it, a process of its own configured by the standard
-``AWS_*`` variables. The fanout's checkpoint is the default, in the warehouse: on S3 this Spark
-has no S3A connector (hadoop-aws comes from Maven), so it runs on a local copy mirrored to the
-store (queue_engine.spark.checkpoint_mirror), and each ``fanout --once`` is a new process
-resuming from the store's copy.
+``AWS_*`` variables. The fanout's checkpoint is the default, in the warehouse: on S3 a Spark
+without the S3A connector runs it on a local copy mirrored to the store
+(queue_engine.spark.checkpoint_mirror), and each ``fanout --once`` is a new process resuming
+from the store's copy; with hadoop-aws from Maven (``spark_packages``) Spark writes
+``s3a://`` itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -28,6 +30,7 @@ import pytest
 from deltalake import DeltaTable
 
 from queue_engine.spark.checkpoint_mirror import CheckpointMirror
+from queue_engine.spark.session import hadoop_aws_package
 from queue_engine.store.job_lock import JobLock
 from queue_engine.store.tables import Warehouse
 from tests.acceptance.conftest import BUCKET
@@ -251,6 +254,41 @@ def test_the_fanout_checkpoint_lives_in_the_store(s3_server: S3Server, tmp_path:
     stored = s3_server.keys(BUCKET, f"{root.split('/', 3)[3]}/_checkpoints/fanout/")
     assert {"metadata", "offsets/0", "commits/0", "offsets/1", "commits/1"} <= stored, stored
     assert not any(k.rsplit("/", 1)[-1].startswith(".") for k in stored), stored
+
+
+def test_spark_writes_an_s3a_checkpoint_itself_with_hadoop_aws_from_maven(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """With hadoop-aws on the jobs' classpath (``spark_packages``, fetched from Maven Central
+    into Ivy's cache) Spark keeps the fanout's checkpoint on ``s3a://`` itself, configured
+    from the same store variables as delta-rs; a second run resumes from it."""
+    env = {
+        **store_env(s3_server.endpoint),
+        "DELTAQ_SPARK_PACKAGES": json.dumps([hadoop_aws_package()]),
+    }
+    root = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
+    checkpoint = f"s3a://{root.split('://', 1)[1]}/_checkpoints/fanout"
+    site = Site("s3", root, tmp_path, env)
+    server = site.server()
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            create_channel(c, "t", "c")
+            first = publish(c, "t", 5, "first")
+            done = site.run("fanout", "--once", "--checkpoint", checkpoint)
+            if done.returncode != 0 and "UNRESOLVED DEPENDENC" in done.stderr:
+                pytest.skip(f"{hadoop_aws_package()} could not be fetched from Maven Central")
+            assert done.returncode == 0, done.stderr[-3000:]
+            # Spark wrote it: nothing mirrored from a local copy.
+            assert "run from the local copy" not in done.stderr
+            second = publish(c, "t", 5, "second")
+        done = site.run("fanout", "--once", "--checkpoint", checkpoint)
+        assert done.returncode == 0, done.stderr[-3000:]
+    finally:
+        server.stop()
+    rows = site.table(Warehouse(root).channel_messages_path("t", "c"))
+    assert sorted(rows.column("body").to_pylist()) == sorted(first | second)
+    stored = s3_server.keys(BUCKET, f"{root.split('/', 3)[3]}/_checkpoints/fanout/")
+    assert {"metadata", "offsets/0", "commits/0", "offsets/1", "commits/1"} <= stored, stored
 
 
 def test_a_mirrored_checkpoint_follows_what_spark_writes_and_purges(
