@@ -68,7 +68,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from queue_engine.store.job_lock import JobLock
 
     with JobLock(settings.warehouse, "fanout", lease_s=settings.store_lease_s):
-        return _run(args, settings, build_session(args.master, "deltaq-fanout", packages=settings.spark_packages))
+        return _run(
+            args,
+            settings,
+            build_session(args.master, "deltaq-fanout", packages=settings.spark_packages),
+        )
 
 
 def _run(args: argparse.Namespace, settings: Settings, spark: SparkSession) -> int:
