@@ -58,8 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         choices=CHANNEL_WRITES,
         help="driver: collect each micro-batch and append through delta-rs (lowest latency); "
-        "delta/deltaq: Spark's writer of that format; auto (default): delta where "
-        "delta-spark's jars load, else driver",
+        "delta/deltaq: Spark's writer of that format, the executors write the files and the "
+        "driver commits; auto (default): driver on a local master, deltaq on a cluster",
     )
 
 

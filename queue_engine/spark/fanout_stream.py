@@ -239,17 +239,23 @@ def fanout_batch_by_spark(
 def channel_format_for(spark: SparkSession, channel_writes: str = "auto") -> str | None:
     """``start_fanout``'s ``channel_format`` for a ``--channel-writes`` choice.
 
-    "auto" and "driver": the driver appends each channel's rows (None), the low-latency path
-    (a Spark write per channel table costs hundreds of milliseconds per micro-batch); its
-    memory is bounded by the micro-batch's row cap. "delta" or "deltaq": Spark's writer of
-    that format, so the executors write the rows and the driver only commits (a cluster
-    moving large backlogs; "delta" needs delta-spark's jars, which build_session provides).
+    "driver": the driver appends each channel's rows (None), the low-latency path (a Spark
+    write per channel table costs hundreds of milliseconds per micro-batch); its memory is
+    bounded by the micro-batch's row cap. "delta" or "deltaq": Spark's writer of that format,
+    so the executors write the rows' files and the driver only commits ("delta" needs
+    delta-spark's jars, which build_session provides, and a Hadoop FileSystem for the
+    warehouse). "auto": the driver on a local master, where driver and executors share one
+    machine; on a cluster "deltaq", whose commit is deltaq's own (put-if-absent on every
+    store, so safe beside the API's and the sweep's writers of the same tables, where
+    delta-spark's default S3 log store is not).
     """
     if channel_writes not in CHANNEL_WRITES:
         raise ValueError(f"channel writes: one of {', '.join(CHANNEL_WRITES)}")
     if channel_writes == "delta" and engine(spark) is not Engine.DELTA_SPARK:
         raise ValueError("--channel-writes delta needs delta-spark's jars on Spark's classpath")
-    return None if channel_writes in ("auto", "driver") else channel_writes
+    if channel_writes == "auto":
+        return None if (spark.sparkContext.master or "local").startswith("local") else "deltaq"
+    return None if channel_writes == "driver" else channel_writes
 
 
 class ForeignCheckpointError(StoreError):

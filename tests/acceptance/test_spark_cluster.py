@@ -82,6 +82,8 @@ def test_fanout_and_sweep_run_on_the_cluster(
     fanout = driver([*args, "--checkpoint", checkpoint], env, fanout_log)
     assert fanout.wait(240) == 0, fanout_log.read_text()[-3000:]
     assert "topic rows read by tasks on the executors" in fanout_log.read_text()
+    # ... and the channel rows written by them: the driver only commits.
+    assert "channel tables written with format(deltaq)" in fanout_log.read_text()
     assert sorted(channel_bodies(root, env, "jobs", "runner")) == sorted(sent)
 
     sweep_log = tmp_path / "sweep.log"

@@ -59,7 +59,8 @@ def test_delta_spark_is_on_the_sessions_classpath(spark: SparkSession) -> None:
     assert engine(spark) is Engine.DELTA_SPARK
     assert read_format(spark) == "delta"
     assert spark.conf.get("spark.sql.extensions") == "io.delta.sql.DeltaSparkSessionExtension"
-    # The fanout appends channel rows from the driver unless told to use Spark's writer.
+    # On a local master the fanout appends channel rows from the driver unless told otherwise
+    # (on a cluster the executors write them: tests/acceptance/test_spark_cluster.py).
     assert channel_format_for(spark) is None
     assert channel_format_for(spark, "delta") == "delta"
     assert channel_format_for(spark, "deltaq") == "deltaq"
