@@ -319,11 +319,10 @@ def checkpoint_location(spark: SparkSession, path: str) -> str:
     Hadoop's FileSystem: an ``s3://`` warehouse is reached as ``s3a://`` where only hadoop-aws's
     S3A is present (vanilla Hadoop), and a scheme Spark has no FileSystem for is refused with
     what to do, before the stream starts."""
-    scheme = path.split("://", 1)[0] if "://" in path else "file"
-    candidates = [scheme, "s3a"] if scheme == "s3" else [scheme]
-    for candidate in candidates:
-        if _has_filesystem(spark, candidate):
-            return path if candidate == scheme else f"{candidate}://{path.split('://', 1)[1]}"
+    location = hadoop_path(spark, path)
+    if location is not None:
+        return location
+    scheme = path.split("://", 1)[0]
     raise CheckpointLocationError(
         f"Spark has no Hadoop FileSystem for {scheme}:// to keep the streaming checkpoint "
         f"{path}: put the store's connector on Spark's classpath (for S3: hadoop-aws, as "
@@ -331,6 +330,17 @@ def checkpoint_location(spark: SparkSession, path: str) -> str:
         "--checkpoint a location Spark can write (HDFS, or a local path on a one-driver "
         "deployment)"
     )
+
+
+def hadoop_path(spark: SparkSession, path: str) -> str | None:
+    """``path`` as Spark's Hadoop FileSystem reaches it (``s3://`` as ``s3a://`` where only
+    S3A exists), or None where Spark has no FileSystem for its scheme."""
+    scheme = path.split("://", 1)[0] if "://" in path else "file"
+    candidates = [scheme, "s3a"] if scheme == "s3" else [scheme]
+    for candidate in candidates:
+        if _has_filesystem(spark, candidate):
+            return path if candidate == scheme else f"{candidate}://{path.split('://', 1)[1]}"
+    return None
 
 
 class CheckpointLocationError(StoreError):

@@ -54,7 +54,8 @@ def _parse(as_of: str | datetime | None) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def _registry(warehouse: Warehouse, as_of: datetime | None) -> Registry:
+def read_registry(warehouse: Warehouse, as_of: datetime | None) -> Registry:
+    """The registry folded as of ``as_of`` (None: now); empty where there is none."""
     dt = open_as_of(warehouse.registry_path, as_of)
     if dt is None:
         return Registry()
@@ -104,13 +105,22 @@ def _sweep_metas(
 
 
 def register_views(
-    spark: SparkSession, warehouse: str | Warehouse, *, as_of: str | datetime | None = None
+    spark: SparkSession,
+    warehouse: str | Warehouse,
+    *,
+    as_of: str | datetime | None = None,
+    database: str | None = None,
 ) -> list[str]:
-    """Create or replace the temp views on ``spark``; returns their names."""
+    """Create or replace the temp views on ``spark``; returns their names. ``database``: also
+    enter every table in the session's catalog there (queue_engine/spark/catalog.py)."""
     register(spark)
     wh = warehouse if isinstance(warehouse, Warehouse) else Warehouse(warehouse)
+    if database is not None:
+        from queue_engine.spark.catalog import register_tables
+
+        register_tables(spark, wh, database)
     when = _parse(as_of)
-    registry = _registry(wh, when)
+    registry = read_registry(wh, when)
     channels = sorted((t.name, c) for t in registry.topics.values() for c in t.channels)
 
     spark.createDataFrame(

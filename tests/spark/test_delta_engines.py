@@ -21,7 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
+from queue_engine.spark.catalog import catalog_name, register_tables
 from queue_engine.spark.session import Engine, delta_spark_package, engine
+from queue_engine.spark.sweep import sweep
+from queue_engine.spark.views import register_views
 from queue_engine.store.commit_log import commit_actions
 from queue_engine.store.compaction import compact_small_files
 from queue_engine.store.remove_files import remove_files
@@ -79,19 +82,54 @@ def test_delta_spark_reads_every_table_deltaq_writes(
     for i in range(6):
         body = "\n".join(f"m{i}-{j}" for j in range(5)).encode()
         assert c.post("/mpub", params={"topic": "t"}, content=body).text == "OK"
+    # A channel whose messages die after one attempt: its dead-letter table.
+    params = {"topic": "t", "channel": "dl", "max_attempts": "1"}
+    assert c.post("/channel/create", params=params).is_success
+    assert c.post("/mpub", params={"topic": "t"}, content=b"d1\nd2").text == "OK"
     run_once(delta, wh)
     messages = sub(c, "t", "c", max=10, wait_ms=5000)
     assert messages
     assert answer(c, "fin", "t", "c", *messages).status_code == 200
-    assert c.post("/channel/create", params={"topic": "t", "channel": "dead"}).is_success
+    dying = sub(c, "t", "dl", max=2, wait_ms=5000)
+    assert answer(c, "req", "t", "dl", *dying).status_code == 200
+    assert sub(c, "t", "dl", max=2, wait_ms=500) == []
+    # A replay: copies in the topic, delivered to one channel again.
+    replayed = c.post("/channel/replay", params={"topic": "t", "channel": "c", "from": "0"})
+    assert replayed.status_code == 200, replayed.text
+    run_once(delta, wh)
+    sweep(delta, Warehouse(str(wh)))
 
     w = Warehouse(str(wh))
     topic, channel = w.topic_path("t"), w.channel_messages_path("t", "c")
     ledger = w.channel_ledger_path("t", "c")
+    tables = [
+        topic,
+        channel,
+        ledger,
+        w.channel_state_path("t", "c"),
+        w.channel_dead_path("t", "dl"),
+        w.registry_path,
+    ]
     # Counts through delta-spark equal deltaq's own (delta-rs), table by table.
-    for path in (topic, channel, ledger, w.registry_path):
+    for path in tables:
         assert count(delta, path) == rows(path), path
-    assert count(delta, topic) == 30
+    assert count(delta, w.channel_dead_path("t", "dl")) == len(dying) > 0
+    assert count(delta, topic) == 64  # 32 published, 32 replayed copies
+
+    # The same tables by name in the session's catalog, in one call with the views.
+    assert "queue_stats" in register_views(delta, str(wh), database="deltaq_conformance")
+    named = {
+        name: path
+        for name, path in register_tables(delta, str(wh), "deltaq_conformance").items()
+        if path in tables
+    }
+    assert len(named) == len(tables)
+    for name, path in named.items():
+        assert delta.table(name).count() == rows(path), name
+    assert "deltaq_conformance.topic_t" in named
+    assert "deltaq_conformance.channel_t__dl_dead" in named
+    topic_t = delta.table("deltaq_conformance.topic_t")
+    assert topic_t.filter("replay_of IS NOT NULL").count() == 32
     # History and time travel by version and by timestamp.
     history = delta.sql(f"DESCRIBE HISTORY delta.`{topic}`").collect()
     assert len(history) == DeltaTable(topic).version() + 1
@@ -101,20 +139,20 @@ def test_delta_spark_reads_every_table_deltaq_writes(
     at = first["timestamp"].strftime("%Y-%m-%d %H:%M:%S.%f")
     assert count(delta, topic, timestampAsOf=at) == rows_at(topic, 1)
     newest = history[0]["timestamp"].strftime("%Y-%m-%d %H:%M:%S.%f")
-    assert count(delta, topic, timestampAsOf=newest) == 30
+    assert count(delta, topic, timestampAsOf=newest) == 64
 
     # After deltaq's checkpoint, compaction and retention, the same.
     DeltaTable(topic).create_checkpoint()
     compacted = compact_small_files(topic, DeltaTable(topic), 1 << 20)
     assert compacted is not None
-    assert count(delta, topic) == 30
+    assert count(delta, topic) == 64
     dt = DeltaTable(topic)
     add = dt.get_add_actions(flatten=True)
     remove_files(topic, dt, [(add["path"][0].as_py(), add["size_bytes"][0].as_py())], "test")
     assert count(delta, topic) == rows(topic) == 0
     history = delta.sql(f"DESCRIBE HISTORY delta.`{topic}`").collect()
     assert history[0]["operation"] == "DELETE"
-    assert count(delta, topic, versionAsOf=str(compacted.version)) == 30
+    assert count(delta, topic, versionAsOf=str(compacted.version)) == 64
 
 
 def rows_at(path: str, version: int) -> int:
@@ -319,3 +357,11 @@ def test_every_commit_deltaq_writes_stays_valid_for_the_tables_protocol(
                 assert not (action.get("remove") or {}).get("dataChange"), action
     delta.sql(f"INSERT INTO delta.`{path}` SELECT * FROM delta.`{path}` LIMIT 1")
     assert count(delta, path) == 6
+
+
+def test_catalog_names_are_what_spark_accepts_and_never_clash() -> None:
+    assert catalog_name("topic", "events") == "topic_events"
+    dotted, dashed = catalog_name("topic", "a.b"), catalog_name("topic", "a-b")
+    assert dotted != dashed
+    assert dotted.startswith("topic_a_b_") and all(ch.isalnum() or ch == "_" for ch in dotted)
+    assert catalog_name("channel", "t", "c#ephemeral").startswith("channel_t__c_ephemeral_")
