@@ -6,34 +6,40 @@
    prints publish -> row visible in the channel table, p50/p99.
 2. Backlog: ``--backlog`` 200-byte messages published first, then ``deltaq fanout --once``;
    prints msg/s over the run, and the same run's fixed cost (Spark start/stop) measured on an
-   empty warehouse.
+   empty warehouse; and the CPU seconds and peak RSS of the fanout's Python driver, its JVM and
+   Spark's Python workers (run it with --backlog N and 10 N to see what grows with the
+   backlog).
 
 With ``--store s3`` (latency only) the warehouse is on moto's S3 server behind a loopback proxy
 adding ``--store-delay-ms`` to every request the API and the fanout make; the tailer reads
 the store directly, without the delay.
 
     python bench/fanout.py [--rate 200] [--seconds 20] [--backlog 1000000]
-                           [--channel-writes auto|driver|deltaq] [--embedded]
+                           [--channel-writes auto|driver|deltaq|delta] [--embedded]
+                           [--without-delta-spark]
                            [--store local|s3] [--store-delay-ms 20]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
+import psutil
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 import procs  # noqa: E402
-from loadgen import run  # noqa: E402
 from procs import (  # noqa: E402
     HOST,
     api_process,
@@ -203,13 +209,18 @@ def backlog(count: int, job_args: list[str]) -> None:
         body = b"\n".join([b"x" * 200] * 1000)
         published = 0
         t = time.perf_counter()
-        while published < count:
-            r = run(HOST, port, "/mpub?topic=b", body, 8, 1.0)
-            published += r.requests * 1000
+        # Exactly ``count`` (in 1,000-message MPUBs, 8 at a time): the backlog is what grows.
+        with ThreadPoolExecutor(8) as pool, httpx.Client(timeout=60) as client:
+            url = f"http://{HOST}:{port}/mpub?topic=b"
+            answers = pool.map(lambda _: client.post(url, content=body).text, range(count // 1000))
+            published = 1000 * sum(1 for a in answers if a == "OK")
         fill = time.perf_counter() - t
         stop(api)
         t = time.perf_counter()
-        code = fanout_process(wh, "--once", *job_args).wait(1800)
+        fanout = fanout_process(wh, "--once", *job_args)
+        usage = DriverUsage(fanout.pid)
+        code = fanout.wait(1800)
+        usage.stop()
         if code != 0:
             print((Path(tmp) / "fanout.log").read_text()[-4000:])
             raise SystemExit(f"fanout --once failed with {code}")
@@ -222,6 +233,49 @@ def backlog(count: int, job_args: list[str]) -> None:
             f"{rows} rows in {wall:.1f} s wall = {rows / wall:,.0f} msg/s; excluding the "
             f"{fixed:.1f} s fixed Spark start/stop: {rows / max(wall - fixed, 1e-9):,.0f} msg/s"
         )
+        print(
+            f"backlog {rows:,}: Python driver {usage.cpu['driver']:.1f} CPU-s, peak RSS "
+            f"{usage.peak['driver'] / 2**20:,.0f} MiB; JVM (driver + local executors) "
+            f"{usage.cpu['jvm']:.1f} CPU-s, peak RSS {usage.peak['jvm'] / 2**20:,.0f} MiB; "
+            f"Python workers {usage.cpu['workers']:.1f} CPU-s"
+        )
+
+
+class DriverUsage:
+    """CPU seconds and peak RSS of a fanout's Python driver, its JVM and Spark's Python
+    workers (the JVM's children), sampled every 0.2 s until ``stop``."""
+
+    def __init__(self, pid: int) -> None:
+        self.cpu = {"driver": 0.0, "jvm": 0.0, "workers": 0.0}
+        self.peak = {"driver": 0, "jvm": 0, "workers": 0}
+        self._workers: dict[int, float] = {}
+        self._done = threading.Event()
+        self._root = psutil.Process(pid)
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.2):
+            with contextlib.suppress(psutil.Error):  # a process that just ended
+                self._once()
+
+    def _once(self) -> None:
+        with self._root.oneshot():
+            t = self._root.cpu_times()
+            self.cpu["driver"] = t.user + t.system
+            self.peak["driver"] = max(self.peak["driver"], self._root.memory_info().rss)
+        for jvm in self._root.children():
+            t = jvm.cpu_times()
+            self.cpu["jvm"] = t.user + t.system
+            self.peak["jvm"] = max(self.peak["jvm"], jvm.memory_info().rss)
+            for worker in jvm.children(recursive=True):
+                t = worker.cpu_times()
+                self._workers[worker.pid] = t.user + t.system
+        self.cpu["workers"] = sum(self._workers.values())
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(5)
 
 
 def main() -> int:
@@ -241,10 +295,17 @@ def main() -> int:
         action="store_true",
         help="latency with the fanout and the sweep (every 10 s) on one Spark, as deltaq up",
     )
+    parser.add_argument(
+        "--without-delta-spark",
+        action="store_true",
+        help="the jobs' Spark without delta-spark's jars (DELTAQ_DELTA_SPARK=false), to compare",
+    )
     parser.add_argument("--store", default="local", choices=["local", "s3"])
     parser.add_argument("--store-delay-ms", type=float, default=20.0)
     args = parser.parse_args()
     job_args = ["--channel-writes", args.channel_writes]
+    if args.without_delta_spark:
+        os.environ["DELTAQ_DELTA_SPARK"] = "false"
     if args.store == "s3":
         if args.only != "latency":
             parser.error("--store s3 measures latency only (--only latency)")
