@@ -8,12 +8,13 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 import uvicorn
 
 from api.app import create_app, with_fast_path
+from queue_engine.ports import Listener, check_ports, listeners
 from queue_engine.settings import Settings
 from queue_engine.store.nodes import Node
 
@@ -32,10 +33,14 @@ def serve(
     *,
     jobs_status: Callable[[], dict[str, object]] | None = None,
     before_serving: Callable[[], None] | None = None,
+    also_listening: Sequence[Listener] = (),
 ) -> None:
     """Serve until SIGINT/SIGTERM; pending publishes are committed before exit.
-    ``on_started`` is called once the server listens."""
+    ``on_started`` is called once the server listens. ``also_listening``: ports that
+    ``before_serving`` starts something on, checked with the API's own before anything."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    # Ports first: a busy one is one line, before this process joins or starts anything.
+    check_ports([*listeners(settings), *also_listening])
     # Before anything is opened: join the warehouse's nodes (a lane; refused when all are held).
     node = Node(
         settings.warehouse,

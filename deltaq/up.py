@@ -37,6 +37,7 @@ class JobsSupervisor:
         self._last_exit: int | None = None
         self._since = time.time()
         self._announced = False
+        self._alive: int | None = None
 
     def status(self) -> dict[str, object]:
         with self._lock:
@@ -55,6 +56,9 @@ class JobsSupervisor:
 
     def _spawn(self) -> int:
         ready_read, ready_write = os.pipe()
+        # The child watches this pipe's read end from its first line; this process holds the
+        # write end (not inherited by anything else) until it ends, however it ends.
+        alive_read, alive_write = os.pipe()
         child = subprocess.Popen(
             [
                 sys.executable,
@@ -65,14 +69,20 @@ class JobsSupervisor:
                 SETTINGS_FROM_STDIN,
                 "--ready-fd",
                 str(ready_write),
+                "--parent-fd",
+                str(alive_read),
             ],
             stdin=subprocess.PIPE,
-            pass_fds=(ready_write,),
+            pass_fds=(ready_write, alive_read),
             # Its own session: a Ctrl-C in the terminal reaches this process only, which then
             # stops the child in order (a JVM interrupted mid-batch logs cancelled jobs).
             start_new_session=True,
         )
         os.close(ready_write)
+        os.close(alive_read)
+        if self._alive is not None:
+            os.close(self._alive)  # the previous child's, which is gone
+        self._alive = alive_write
         assert child.stdin is not None
         child.stdin.write(settings_json(self.settings).encode())
         child.stdin.close()
@@ -157,6 +167,7 @@ def up(settings: Settings) -> int:
     commits what is pending, the child stops its stream and its sweep loop. A child that dies
     meanwhile is started again."""
     from api.server import serve
+    from queue_engine.ports import spark_connect_listener
 
     if "://" not in settings.warehouse:
         # The child resolves paths from the same place, whatever its working directory.
@@ -169,6 +180,7 @@ def up(settings: Settings) -> int:
             settings,
             on_started=api_started.set,
             jobs_status=jobs.status,
+            also_listening=spark_connect_listener(settings),
             before_serving=lambda: log.info(
                 "starting: API in pid %d, fanout + sweep on local Spark in pid %d, warehouse %s",
                 os.getpid(),
@@ -179,8 +191,9 @@ def up(settings: Settings) -> int:
     except KeyboardInterrupt:
         pass  # uvicorn re-raises Ctrl-C after its graceful shutdown
     finally:
-        jobs.stop()
-        log.info("stopped")
+        if jobs.status()["pid"] is not None:  # not when refused before starting anything
+            jobs.stop()
+            log.info("stopped")
     return 0
 
 

@@ -109,10 +109,18 @@ def _user_facing(exc: BaseException) -> bool:
 
     from queue_engine.auth import AuthConfigError
     from queue_engine.errors import QueueError
+    from queue_engine.ports import PortInUseError
     from queue_engine.store.nodes import WarehouseBusyError
     from queue_engine.store.object_store import StoreError
 
-    user_errors = (CommandError, QueueError, ValidationError, OSError, AuthConfigError)
+    user_errors = (
+        CommandError,
+        QueueError,
+        ValidationError,
+        OSError,
+        AuthConfigError,
+        PortInUseError,
+    )
     if isinstance(exc, (*user_errors, WarehouseBusyError, StoreError)):
         return True
     # Spark's errors (AnalysisException, ParseException, ...) carry a readable first line;

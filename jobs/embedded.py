@@ -40,24 +40,74 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ready-fd", type=int, metavar="FD", help="write 'ready' to this file descriptor"
     )
+    parser.add_argument(
+        "--parent-fd",
+        type=int,
+        metavar="FD",
+        help="the read end of a pipe the starting process holds open: stop when it closes",
+    )
+
+
+class ParentWatch:
+    """The jobs process ends with the process that started it (``deltaq up``), however that
+    one ends (SIGKILL included): it holds a pipe's write end open and never writes; the kernel
+    closes it when the process is gone, and the read here returns. Before the jobs serve
+    (Spark starting) the process exits at once; the JVM follows by itself (PySpark's gateway
+    exits when its stdin, a pipe from this process, closes), and Spark's Python workers with
+    it. Once serving, it stops in order (the stream, the sweep), within PARENT_GONE_GRACE_S."""
+
+    def __init__(self, fd: int, stop: threading.Event) -> None:
+        self.stop = stop
+        self.serving = threading.Event()
+        self._fd = fd
+        threading.Thread(target=self._watch, daemon=True, name="deltaq-parent-watch").start()
+
+    def _watch(self) -> None:
+        with os.fdopen(self._fd, "rb") as pipe:
+            pipe.read()  # returns at end of file: every write end is closed
+        self.gone()
+
+    def gone(self) -> None:
+        log.warning("the process that started this one (deltaq up) is gone: stopping")
+        if not self.serving.is_set():
+            os._exit(PARENT_GONE)
+        self.stop.set()
+        threading.Timer(PARENT_GONE_GRACE_S, os._exit, args=(PARENT_GONE,)).start()
+
+
+# Exit code of a jobs process whose parent went away; seconds it may take to stop in order.
+PARENT_GONE = 3
+PARENT_GONE_GRACE_S = 60.0
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from queue_engine.store.job_lock import JobLock
 
+    stop = threading.Event()
+    # First, before anything slow (the job locks, Spark's start).
+    parent = ParentWatch(args.parent_fd, stop) if args.parent_fd is not None else None
     every = args.every if args.every is not None else settings.sweep_interval_s
     with contextlib.ExitStack() as held:
         for job in ("fanout", "sweep"):
             held.enter_context(JobLock(settings.warehouse, job, lease_s=settings.store_lease_s))
-        return _run(args, settings, every)
+        return _run(args, settings, every, stop, parent)
 
 
-def _run(args: argparse.Namespace, settings: Settings, every: float) -> int:
+def _run(
+    args: argparse.Namespace,
+    settings: Settings,
+    every: float,
+    stop: threading.Event,
+    parent: ParentWatch | None,
+) -> int:
     from jobs.sweep import run_every
+    from queue_engine.ports import check_ports, spark_connect_listener
     from queue_engine.spark.fanout_stream import channel_format_for, finish_fanout, start_fanout
     from queue_engine.spark.session import build_session, quiet_stream_stop
     from queue_engine.store.tables import Warehouse
 
+    # Spark would print a Java stack trace for a busy port: one line instead.
+    check_ports(spark_connect_listener(settings))
     spark = build_session(
         args.master,
         "deltaq-jobs",
@@ -71,14 +121,14 @@ def _run(args: argparse.Namespace, settings: Settings, every: float) -> int:
         checkpoint=settings.fanout_checkpoint or None,
         channel_format=channel_format_for(spark),
     )
-    stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    threading.Thread(target=_stop_when_orphaned, args=(stop,), daemon=True).start()
+    if parent is not None:
+        parent.serving.set()
     sweeper = threading.Thread(
         target=run_every, args=(spark, settings, every, stop), name="deltaq-sweep"
     )
@@ -93,8 +143,12 @@ def _run(args: argparse.Namespace, settings: Settings, every: float) -> int:
         else "",
     )
     if args.ready_fd is not None:
-        with os.fdopen(args.ready_fd, "wb") as ready:
-            ready.write(READY)
+        try:
+            with os.fdopen(args.ready_fd, "wb") as ready:
+                ready.write(READY)
+        except BrokenPipeError:
+            # Nobody to tell: the parent is gone (its watch stops this process).
+            stop.set()
     while not stop.wait(1.0):
         if not query.isActive:
             log.error("fanout stopped: %s", query.exception())
@@ -106,16 +160,6 @@ def _run(args: argparse.Namespace, settings: Settings, every: float) -> int:
     failed = query.exception() is not None
     spark.stop()
     return 1 if failed else 0
-
-
-def _stop_when_orphaned(stop: threading.Event) -> None:
-    """deltaq up starts this process in a session of its own (so a Ctrl-C reaches the parent
-    only, which then stops it in order); if the parent dies without doing so, stop anyway."""
-    parent = os.getppid()
-    while not stop.wait(1.0):
-        if os.getppid() != parent:
-            log.warning("deltaq up (pid %d) is gone: stopping", parent)
-            stop.set()
 
 
 def main(argv: list[str] | None = None) -> int:
