@@ -64,8 +64,24 @@ def _jobs() -> dict[str, ModuleType]:
     return {"fanout": fanout, "sweep": sweep, "sql": sql, "jobs": embedded}
 
 
+def version_line() -> str:
+    """deltaq's version and the engines it runs on (read from the installed packages' metadata,
+    without starting anything)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    engines = ", ".join(f"{p} {of(p)}" for p in ("pyspark", "delta-spark", "deltalake"))
+    return f"deltaq {of('deltaq')} ({engines})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="deltaq", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, short, text in (
         ("up", "run everything on this machine (API, fanout, sweep)", UP),

@@ -77,6 +77,24 @@ def test_every_command_has_help_with_a_description() -> None:
             assert f"deltaq {name}" in readme
 
 
+def test_deltaq_version_names_deltaq_and_its_engines() -> None:
+    from importlib.metadata import version
+
+    result = subprocess.run(
+        [sys.executable, "-m", "deltaq", "--version"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        f"deltaq {version('deltaq')} (pyspark {version('pyspark')}, "
+        f"delta-spark {version('delta-spark')}, deltalake {version('deltalake')})"
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
