@@ -204,11 +204,14 @@ async def stats(
     topics = broker.stats(topic or None, channel or None)
     if format != "json":
         return Response(_text(topics, broker.started_at), media_type=TEXT_TYPE, headers=NSQ_HEADER)
+    missing = bool(topic) and topic not in broker.registry.topics
     body: dict[str, Any] = {
         "version": NSQD_VERSION,
         "health": "OK",
         "start_time": int(broker.started_at),
-        "topics": [_topic_json(t) for t in topics],
+        # As nsqd: null for a topic that does not exist (its nil slice), else a list (empty
+        # when nothing matched a channel filter, or there are no topics).
+        "topics": [_topic_json(t) for t in topics] if topics or not missing else None,
         "producers": [],
     }
     if _BOOL.get(include_mem or "", True):

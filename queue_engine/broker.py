@@ -891,7 +891,12 @@ class Broker:
     def topic_stats(self, names: Iterable[str], channel: str | None = None) -> list[TopicStats]:
         """The figures of the named topics that exist, in the order named."""
         topics = self.registry.topics
-        return [self._topic_stats(topics[n], channel) for n in names if n in topics]
+        return [
+            self._topic_stats(topics[n], channel)
+            for n in names
+            # As nsqd: a channel filter leaves out the topics without that channel.
+            if n in topics and (not channel or channel in topics[n].channels)
+        ]
 
     def _topic_stats(self, info: TopicInfo, channel: str | None) -> TopicStats:
         stats = self._writer_stats(info.name)

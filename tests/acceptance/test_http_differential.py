@@ -111,3 +111,29 @@ def test_http_answers_match_nsqd(nsqd: Nsqd, server_factory: type[Server], tmp_p
         if ours != theirs:
             different.append(f"{method} {path[:50]}: nsqd {theirs}, deltaq {ours}")
     assert not different, "\n".join(different)
+
+
+def _topics(base: str, query: str) -> object:
+    """What ``/stats?<query>`` says of topics: None (JSON null) or [(topic, [channels])]."""
+    topics = httpx.get(f"{base}/stats?format=json&{query}", timeout=10).json()["topics"]
+    if topics is None:
+        return None
+    return [(t["topic_name"], [c["channel_name"] for c in t["channels"]]) for t in topics]
+
+
+def test_stats_filters_answer_as_nsqd(
+    nsqd: Nsqd, server_factory: type[Server], tmp_path: Path
+) -> None:
+    server = server_factory(tmp_path / "wh").start()
+    reference = f"http://127.0.0.1:{nsqd.http_port}"
+    queries = ["topic=nosuch", "", "topic=t", "topic=t&channel=nosuch", "topic=nosuch&channel=c"]
+    for base in (reference, server.url):
+        assert _topics(base, "") == []
+        assert _topics(base, "topic=nosuch") is None
+        httpx.post(f"{base}/topic/create?topic=t", timeout=10).raise_for_status()
+        httpx.post(f"{base}/channel/create?topic=t&channel=c", timeout=10).raise_for_status()
+    for query in queries:
+        assert _topics(server.url, query) == _topics(reference, query), query
+        text = httpx.get(f"{server.url}/stats?{query}", timeout=10).text
+        theirs = httpx.get(f"{reference}/stats?{query}", timeout=10).text
+        assert ("Topics: None" in text) == ("Topics: None" in theirs), query
