@@ -194,8 +194,10 @@ async def sub(
 
 
 def _peer(request: Request) -> str:
+    """An HTTP consumer that gives no ``consumer=`` is known by its host: its long polls come
+    from whichever connection of its pool is free, and each would otherwise be a client."""
     client = request.client
-    return f"{client.host}:{client.port}" if client else "unknown"
+    return client.host if client else "unknown"
 
 
 def _answers(query: Iterable[tuple[str, str]], body: bytes) -> list[Answer]:

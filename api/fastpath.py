@@ -90,8 +90,7 @@ class FastPath:
                 await mpub(broker, params, read, content_length)
             elif path == "/sub":
                 client = scope.get("client")
-                peer = f"{client[0]}:{client[1]}" if client else "unknown"
-                json = await subscribe(broker, params, peer)
+                json = await subscribe(broker, params, client[0] if client else "unknown")
             else:
                 await answer(broker, _ANSWERS[path], params, query, read)
         except QueueError as exc:

@@ -77,8 +77,9 @@ def _e2e() -> dict[str, Any]:
 
 
 def _client_json(client: ConsumerSeen) -> dict[str, Any]:
-    """An HTTP consumer in nsqd's client shape. It has no connection: ``client_id`` is the
-    name it gave (``consumer=``, else its address); counts are of deliveries to it."""
+    """A consumer in nsqd's client shape: a TCP connection (``client_id`` its address), or an
+    HTTP consumer, which has none: ``client_id`` is the name it gave (``consumer=``), else its
+    host. Counts are of deliveries to it and of its FINs and REQs."""
     host = client.name.rsplit(":", 1)[0] if ":" in client.name else client.name
     return {
         "client_id": client.name,
@@ -89,8 +90,8 @@ def _client_json(client: ConsumerSeen) -> dict[str, Any]:
         "ready_count": 0,
         "in_flight_count": client.in_flight,
         "message_count": client.delivered,
-        "finish_count": 0,
-        "requeue_count": 0,
+        "finish_count": client.finished,
+        "requeue_count": client.requeued,
         "connect_ts": int(client.first_seen),
         "sample_rate": 0,
         "deflate": False,

@@ -74,6 +74,8 @@ class ConsumerSeen:
     last_seen: float  # monotonic, s
     delivered: int = 0
     in_flight: int = 0
+    finished: int = 0
+    requeued: int = 0
 
 
 @dataclass(frozen=True)
@@ -528,8 +530,14 @@ class ChannelRuntime:
         for message_id in self.queue.in_flight:
             owner = self.queue.states[message_id].lease_owner
             owners[owner] = owners.get(owner, 0) + 1
+        queue = self.queue
+        # Answer counts of consumers no longer listed go with them.
+        queue.finished_by = {n: k for n, k in queue.finished_by.items() if n in self._clients}
+        queue.requeued_by = {n: k for n, k in queue.requeued_by.items() if n in self._clients}
         for client in self._clients.values():
             client.in_flight = owners.get(client.name, 0)
+            client.finished = queue.finished_by.get(client.name, 0)
+            client.requeued = queue.requeued_by.get(client.name, 0)
         return ChannelCounts(
             depth=self.queue.ready_count + max(0, self._reader.unread_rows - self._known_unread),
             in_flight_count=len(self.queue.in_flight),

@@ -126,6 +126,9 @@ class ChannelQueue:
         self.timeout_count = 0
         # FINs since this queue was built (a rate for the console, not a total).
         self.finish_count = 0
+        # The same per lease owner (a consumer's name), for nsqd's per-client figures.
+        self.finished_by: dict[str, int] = {}
+        self.requeued_by: dict[str, int] = {}
 
     # -- what the queue holds --------------------------------------------------------------
 
@@ -436,7 +439,11 @@ class ChannelQueue:
             events.append(event)
         if failed:
             raise SettleError(failed)
+        by = self.requeued_by if kind is EventKind.REQ else self.finished_by
         for message_id, after in pending.items():
+            owner = states[message_id].lease_owner
+            if owner is not None and kind is not EventKind.TOUCH:
+                by[owner] = by.get(owner, 0) + 1
             self._set(message_id, after, now_us)
         if kind is EventKind.REQ:
             self.requeue_count += len(events)

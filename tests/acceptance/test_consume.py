@@ -98,7 +98,28 @@ def test_many_consumers_on_two_channels_each_get_every_message_once(
         clients = {c["client_id"]: c for c in stats["clients"]}
         assert sorted(clients) == [f"{ch}-{i}" for i in range(4)]
         assert sum(c["message_count"] for c in clients.values()) == len(sent)
+        assert sum(c["finish_count"] for c in clients.values()) == len(sent)
         assert all(c["in_flight_count"] == 0 for c in clients.values())
+
+
+def test_an_http_consumer_without_a_name_is_one_client_with_its_answers(
+    http: httpx.Client, server: Server
+) -> None:
+    assert http.post("/mpub", params={"topic": "named"}, content=b"a\nb\nc\nd").text == "OK"
+    create_channel(http, "named", "c")
+    got = []
+    # Each poll on a connection of its own (another port each time): still one consumer.
+    for _ in range(4):
+        with httpx.Client(base_url=server.url, timeout=30) as fresh:
+            got += sub(fresh, "named", "c", max=1, wait_ms=10000)
+    assert len(got) == 4
+    assert answer(http, "fin", "named", "c", *got[:3]).text == "OK"
+    assert answer(http, "req", "named", "c", got[3]).text == "OK"
+    stats = channel_stats(http, "named", "c")
+    assert stats["client_count"] == 1
+    [client] = stats["clients"]
+    assert client["client_id"] == "127.0.0.1"
+    assert (client["message_count"], client["finish_count"], client["requeue_count"]) == (4, 3, 1)
 
 
 def test_req_with_and_without_delay(http: httpx.Client) -> None:

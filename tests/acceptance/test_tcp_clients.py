@@ -120,6 +120,19 @@ def test_to_nsq_then_nsq_tail(server: Server) -> None:
         check=True,
     )
     assert sorted(tail.stdout.splitlines()) == sorted(lines.splitlines())
+    # /stats (and nsqadmin) show the connection as a client with its deliveries and FINs.
+    with httpx.Client(base_url=server.url, verify=server.verify, timeout=30) as http:
+        deadline = time.monotonic() + 10
+        while True:
+            [topic] = http.get("/stats?format=json&topic=go_tools").json()["topics"]
+            [channel] = topic["channels"]
+            finished = sum(c["finish_count"] for c in channel["clients"])
+            if finished >= 24 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        # nsq_tail -n 25 exits on the 25th message, before its FIN goes out.
+        assert finished >= 24, channel["clients"]
+        assert sum(c["message_count"] for c in channel["clients"]) == 25
 
 
 def _subscriber(server: Server, topic: str, channel: str, rdy: int, **options: object) -> Wire:
