@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
-import swagger_ui_bundle
+import fastapi_offline
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
@@ -29,7 +30,7 @@ from api import (
 )
 from api.auth import Authenticator, AuthGate
 from api.fastpath import FastPath
-from api.responses import error, from_queue_error
+from api.responses import error, explained_error, from_queue_error
 from api.tcp.server import TcpServer
 from queue_engine import __version__
 from queue_engine.broker import Broker
@@ -47,6 +48,8 @@ Errors are nsqd's: `{"message": "CODE"}`.
 
 
 SWAGGER_ASSETS = "/_static/swagger-ui"
+# Swagger UI 5's files as fastapi-offline ships them.
+SWAGGER_UI_FILES = Path(fastapi_offline.__file__).parent / "static"
 _METHODS = ("DELETE", "GET", "PATCH", "POST", "PUT")
 
 
@@ -74,7 +77,7 @@ def create_app(settings: Settings, node: Node | None = None) -> FastAPI:
                 await tcp.close()
             await broker.close()
 
-    # /docs is served from assets shipped in a package (swagger-ui-bundle), not from a CDN:
+    # /docs is served from assets shipped in a package (fastapi-offline's), not from a CDN:
     # the API is often run where there is no internet.
     app = FastAPI(
         title="deltaq",
@@ -90,7 +93,7 @@ def create_app(settings: Settings, node: Node | None = None) -> FastAPI:
     app.state.history = History(period_s=console.SAMPLE_EVERY_S)
     app.mount(
         SWAGGER_ASSETS,
-        StaticFiles(directory=str(swagger_ui_bundle.swagger_ui_path)),
+        StaticFiles(directory=str(SWAGGER_UI_FILES)),
         name="swagger-ui",
     )
 
@@ -101,7 +104,7 @@ def create_app(settings: Settings, node: Node | None = None) -> FastAPI:
             title="deltaq API",
             swagger_js_url=f"{SWAGGER_ASSETS}/swagger-ui-bundle.js",
             swagger_css_url=f"{SWAGGER_ASSETS}/swagger-ui.css",
-            swagger_favicon_url=f"{SWAGGER_ASSETS}/favicon-32x32.png",
+            swagger_favicon_url=f"{SWAGGER_ASSETS}/favicon.png",
         )
 
     app.include_router(publish.router)
@@ -133,7 +136,14 @@ def create_app(settings: Settings, node: Node | None = None) -> FastAPI:
         return error(ErrorCode.INVALID_REQUEST)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, __: RequestValidationError) -> Response:
+    async def invalid(_: Request, exc: RequestValidationError) -> Response:
+        # Only deltaq's own endpoints declare typed parameters: say which and why.
+        for problem in exc.errors():
+            location = [str(part) for part in problem.get("loc", ())]
+            if location:
+                return explained_error(
+                    ErrorCode.INVALID_REQUEST, location[-1], str(problem.get("msg", ""))
+                )
         return error(ErrorCode.INVALID_REQUEST)
 
     return app

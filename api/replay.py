@@ -55,7 +55,7 @@ async def channel_replay(
     topic_name, channel_name = require_topic_channel(topic, channel)
     first = parse_bound(start, "from")
     if first is None:
-        raise QueueError(ErrorCode.INVALID_RANGE, "from is required")
+        raise QueueError(ErrorCode.INVALID_RANGE, "required", param="from")
     last = parse_bound(end, "to")
     name = uuid.uuid4().hex if replay_id is None else check_replay_id(replay_id)
     result = await broker_of(request).replay(topic_name, channel_name, first, last, name)

@@ -66,6 +66,35 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.INVALID_NODE: 409,
 }
 
+# The codes nsqd 1.3.0's HTTP API answers itself: deltaq's answers carrying them stay
+# nsqd's bare {"message": CODE} (clients compare bodies), unless the check is deltaq's own and
+# names its parameter. deltaq's own codes carry the reason.
+NSQD_CODES = frozenset(
+    {
+        ErrorCode.INVALID_REQUEST,
+        ErrorCode.MISSING_ARG_TOPIC,
+        ErrorCode.MISSING_ARG_CHANNEL,
+        ErrorCode.INVALID_TOPIC,
+        ErrorCode.INVALID_CHANNEL,
+        ErrorCode.INVALID_ARG_TOPIC,
+        ErrorCode.INVALID_ARG_CHANNEL,
+        ErrorCode.INVALID_OPTION,
+        ErrorCode.INVALID_VALUE,
+        ErrorCode.MSG_EMPTY,
+        ErrorCode.MSG_TOO_BIG,
+        ErrorCode.BODY_TOO_BIG,
+        ErrorCode.BAD_BODY,
+        ErrorCode.BAD_MESSAGE,
+        ErrorCode.INVALID_DEFER,
+        ErrorCode.TOPIC_NOT_FOUND,
+        ErrorCode.CHANNEL_NOT_FOUND,
+        ErrorCode.NOT_FOUND,
+        ErrorCode.METHOD_NOT_ALLOWED,
+        ErrorCode.INTERNAL_ERROR,
+        ErrorCode.EXITING,
+    }
+)
+
 # What nsqd's /channel/* handlers can answer about their topic and channel arguments.
 CHANNEL_CODES = (
     ErrorCode.MISSING_ARG_TOPIC,
@@ -101,13 +130,11 @@ def queue_error_body(exc: QueueError) -> bytes:
     consumer API, which ids a batch refused (``failed``) and, for E_INVALID, which parameter
     was wrong and why (``param``, ``reason``: what nsqd's TCP protocol puts after the code)."""
     payload: dict[str, Any] = {"message": str(exc.code)}
-    if exc.code is ErrorCode.E_INVALID:
+    if exc.code not in NSQD_CODES or exc.param is not None:
         if exc.param is not None:
             payload["param"] = exc.param
         if exc.detail:
             payload["reason"] = exc.detail
-    if exc.code in (ErrorCode.E_TABLE_REFUSED, ErrorCode.E_CONSTRAINT_VIOLATED) and exc.detail:
-        payload["reason"] = exc.detail
     if exc.failed is not None:
         payload["failed"] = exc.failed
     if isinstance(exc, ChannelElsewhereError):
@@ -118,6 +145,14 @@ def queue_error_body(exc: QueueError) -> bytes:
 def error(code: ErrorCode, headers: dict[str, str] | None = None) -> Response:
     """nsqd's error answer."""
     return _error_response(code, error_body(code), headers)
+
+
+def explained_error(code: ErrorCode, param: str, reason: str) -> Response:
+    """An error of one of deltaq's own checks: which parameter, and why."""
+    body = json.dumps(
+        {"message": str(code), "param": param, "reason": reason}, separators=(",", ":")
+    )
+    return _error_response(code, body.encode(), None)
 
 
 def _error_response(code: ErrorCode, body: bytes, headers: dict[str, str] | None) -> Response:

@@ -63,7 +63,9 @@ def app_id(channel: str, replay_id: str) -> str:
 
 def check_replay_id(value: str) -> str:
     if not _REPLAY_ID.match(value):
-        raise QueueError(ErrorCode.INVALID_REQUEST, f"replay_id {value!r}: 1-64 of [A-Za-z0-9._-]")
+        raise QueueError(
+            ErrorCode.INVALID_REQUEST, f"{value!r}: 1-64 of [A-Za-z0-9._-]", param="replay_id"
+        )
     return value
 
 

@@ -142,3 +142,16 @@ def test_the_repository_speaks_of_the_product_only() -> None:
         for m in words.finditer((ROOT / path).read_text(errors="replace"))
     ]
     assert not found, found
+
+
+def test_every_error_code_is_listed_in_http_api_with_its_status() -> None:
+    from api.responses import STATUS
+    from queue_engine.errors import ErrorCode
+
+    text = (ROOT / "docs" / "http-api.md").read_text().split("### Every error code", 1)[1]
+    listed = {
+        code: int(status)
+        for code, status in re.findall(r"^\| `([A-Z_]+)` \| (\d{3}) \|", text, re.M)
+    }
+    assert listed == {str(code): status for code, status in STATUS.items()}
+    assert set(STATUS) == set(ErrorCode), "an ErrorCode without an HTTP status"

@@ -109,3 +109,19 @@ def test_console_needs_no_network(http: httpx.Client) -> None:
     assert assets and all(a.startswith("/console/static/") for a in assets)
     for asset in assets:
         assert http.get(asset).status_code == 200, asset
+
+
+def test_the_api_docs_render_every_operation(page: Any, server: Server, tmp_path: Path) -> None:
+    """/docs in a browser: Swagger UI renders the OpenAPI 3.1 document FastAPI writes, from
+    assets the API serves itself."""
+    page.goto(f"{server.url}/docs")
+    page.locator(".opblock").first.wait_for(timeout=30_000)
+    paths = page.locator(".opblock-summary-path").all_inner_texts()
+    page.screenshot(path=str(tmp_path / "docs.png"), full_page=True)
+    operations = httpx.get(f"{server.url}/openapi.json", timeout=10).json()["paths"]
+    count = sum(
+        1 for ops in operations.values() for m in ops if m in ("get", "post", "put", "delete")
+    )
+    assert {p.replace("\u200b", "") for p in paths} >= {"/pub", "/sub", "/fin", "/stats"}
+    assert len(paths) == count
+    assert "Unable to render" not in page.content()

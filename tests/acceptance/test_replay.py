@@ -122,4 +122,13 @@ def test_bad_replays_are_refused_and_write_nothing(
     with httpx.Client(base_url=server.url, timeout=30) as http:
         r = http.post("/channel/replay", params={"topic": "rp", "channel": "a", **params})
         assert (r.status_code, r.json()["message"]) == (status, code), r.text
+        # deltaq's own checks say why; nsqd's codes keep nsqd's bare body.
+        if code in ("INVALID_RANGE", "INVALID_REQUEST"):
+            assert r.json()["reason"], r.text
+        if code == "INVALID_REQUEST":
+            assert r.json()["param"] == "replay_id"
+        if not params:
+            assert r.json()["param"] == "from"
+        if code.endswith("NOT_FOUND") or code.startswith("INVALID_ARG"):
+            assert set(r.json()) == {"message"}
     assert DeltaTable(topic_path).version() == before
