@@ -100,6 +100,8 @@ async def overview(request: Request) -> Response:
     here = broker.node.record.http_url if broker.node and broker.node.record else None
     topics = []
     for t in broker.stats():
+        info = broker.registry.topics.get(t.name)
+        starts = {n: c.start_version for n, c in info.channels.items()} if info else {}
         channels = [
             {
                 "name": c.name,
@@ -114,7 +116,11 @@ async def overview(request: Request) -> Response:
                 "messages": c.message_count,
                 "table_version": c.table_version,
                 "ledger_version": c.ledger_version,
-                "fanout_lag_versions": max(0, t.version - c.fanned_topic_version),
+                # Topic versions the fanout has yet to bring here: counted from the newer of
+                # what it brought and the channel's start (an empty channel is not behind).
+                "fanout_lag_versions": max(
+                    0, t.version - max(c.fanned_topic_version, starts.get(c.name, -1))
+                ),
                 # Another node serves the channel (its figures are there): its URL.
                 "elsewhere": c.node if c.node and c.node != here else None,
                 **history.latest_rates(t.name, c.name),

@@ -34,6 +34,7 @@ def serve(
     jobs_status: Callable[[], dict[str, object]] | None = None,
     before_serving: Callable[[], None] | None = None,
     also_listening: Sequence[Listener] = (),
+    server_log_level: str = "info",
 ) -> None:
     """Serve until SIGINT/SIGTERM; pending publishes are committed before exit.
     ``on_started`` is called once the server listens. ``also_listening``: ports that
@@ -54,7 +55,7 @@ def serve(
     try:
         if before_serving is not None:
             before_serving()
-        _serve(settings, node, on_started, jobs_status)
+        _serve(settings, node, on_started, jobs_status, server_log_level)
     finally:
         node.leave()
 
@@ -81,6 +82,7 @@ def _serve(
     node: Node,
     on_started: Callable[[], None] | None,
     jobs_status: Callable[[], dict[str, object]] | None,
+    server_log_level: str,
 ) -> None:
     app = create_app(settings, node)
     app.state.jobs_status = jobs_status
@@ -98,7 +100,7 @@ def _serve(
         loop="auto",
         http="auto",
         access_log=False,
-        log_level="info",
+        log_level=server_log_level,
         # Long-polling consumers and bursty producers keep connections; so do we.
         timeout_keep_alive=75,
         limit_concurrency=settings.max_http_connections or None,

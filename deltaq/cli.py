@@ -90,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=short, description=text)
         add_settings_arguments(command)
         _server_arguments(command)
+        if name == "up":
+            command.add_argument(
+                "--verbose",
+                action="store_true",
+                help="also show Spark's and uvicorn's own output (else Spark's goes to a log "
+                "file, named at start)",
+            )
     from deltaq import redrive, replay, token
 
     command = sub.add_parser("token", help=token.HELP, description=token.__doc__)
@@ -151,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "up":
         from deltaq.up import up
 
-        return run_reporting_errors("up", lambda: up(settings()))
+        return run_reporting_errors("up", lambda: up(settings(), verbose=args.verbose))
     return run_reporting_errors("api", lambda: api(settings()))
 
 

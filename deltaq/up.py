@@ -26,8 +26,11 @@ class JobsSupervisor:
     """The jobs child (fanout, sweep, Spark Connect): started, restarted with back-off when it
     dies (logged), stopped in order; ``status`` is what /info, /stats and /metrics show."""
 
-    def __init__(self, settings: Settings, api_started: threading.Event) -> None:
+    def __init__(
+        self, settings: Settings, api_started: threading.Event, *, verbose: bool = False
+    ) -> None:
         self.settings = settings
+        self.verbose = verbose
         self._api_started = api_started
         self._lock = threading.Lock()
         self._child: subprocess.Popen[bytes] | None = None
@@ -71,6 +74,7 @@ class JobsSupervisor:
                 str(ready_write),
                 "--parent-fd",
                 str(alive_read),
+                *(["--verbose"] if self.verbose else []),
             ],
             stdin=subprocess.PIPE,
             pass_fds=(ready_write, alive_read),
@@ -162,7 +166,7 @@ class JobsSupervisor:
             child.wait()
 
 
-def up(settings: Settings) -> int:
+def up(settings: Settings, *, verbose: bool = False) -> int:
     """Serve until Ctrl-C (or SIGTERM), then stop the child: the API answers waiting SUBs and
     commits what is pending, the child stops its stream and its sweep loop. A child that dies
     meanwhile is started again."""
@@ -173,7 +177,7 @@ def up(settings: Settings) -> int:
         # The child resolves paths from the same place, whatever its working directory.
         settings = settings.model_copy(update={"warehouse": os.path.abspath(settings.warehouse)})
     api_started = threading.Event()
-    jobs = JobsSupervisor(settings, api_started)
+    jobs = JobsSupervisor(settings, api_started, verbose=verbose)
     try:
         # The warehouse is the API's before any job opens it (a second deltaq up stops here).
         serve(
@@ -181,6 +185,8 @@ def up(settings: Settings) -> int:
             on_started=api_started.set,
             jobs_status=jobs.status,
             also_listening=spark_connect_listener(settings),
+            # uvicorn's own start-up lines only when asked: deltaq's say the same.
+            server_log_level="info" if verbose else "warning",
             before_serving=lambda: log.info(
                 "starting: API in pid %d, fanout + sweep on local Spark in pid %d, warehouse %s",
                 os.getpid(),

@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ready-fd", type=int, metavar="FD", help="write 'ready' to this file descriptor"
     )
     parser.add_argument(
+        "--verbose", action="store_true", help="Spark's own output too (else in a log file)"
+    )
+    parser.add_argument(
         "--parent-fd",
         type=int,
         metavar="FD",
@@ -112,6 +115,9 @@ def _run(
         args.master,
         "deltaq-jobs",
         connect_port=settings.spark_connect_port or None,
+        # Spark's banners, log4j warnings and Spark Connect's errors about deltaq sql's
+        # sessions go to a file, not to deltaq up's terminal (--verbose shows them).
+        quiet=not args.verbose,
         packages=settings.spark_packages,
     )
     query = start_fanout(

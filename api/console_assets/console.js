@@ -129,9 +129,15 @@ function render(overview) {
       cell(crow, fmt(c.clients));
       cell(crow, "");
       cell(crow, fmt(c.fin_rate, 1), "fin-rate");
-      cell(crow, c.elsewhere
+      const delta = cell(crow, c.elsewhere
         ? `served by ${c.elsewhere}`
-        : `table v${c.table_version}, ledger v${c.ledger_version}, lag ${c.fanout_lag_versions}`);
+        : c.fanout_lag_versions > 0
+          ? `fanout ${c.fanout_lag_versions} topic versions behind`
+          : "fanout caught up", "delta");
+      // The tables' versions, for whoever looks for them (none before the first row).
+      if (!c.elsewhere && c.table_version >= 0) {
+        delta.title = `table v${c.table_version}, ledger v${c.ledger_version}`;
+      }
       cell(crow, fmt(c.ledger_commit_rate, 1));
       actions(cell(crow, "", "actions"), "channel", { topic: t.name, channel: c.name }, c.paused);
     }

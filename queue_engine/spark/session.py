@@ -55,8 +55,9 @@ def build_session(
 
     ``connect_port`` also serves the session over Spark Connect on 127.0.0.1 (loopback only:
     Spark Connect has no authentication), so ``deltaq sql`` can use it instead of starting a
-    JVM. ``quiet`` sends the JVM's own stderr (banners, log4j warnings) to a file, for
-    commands whose output is the answer. ``delta_spark``: put delta-spark on the classpath
+    JVM. ``quiet`` sends the JVM's own stderr (banners, log4j warnings, Spark Connect's
+    errors) to a file, for commands whose output is the answer or that share a terminal.
+    ``delta_spark``: put delta-spark on the classpath
     (default: ``DELTAQ_DELTA_SPARK``, true unless "false"); ``packages``: more Maven
     coordinates for ``spark.jars.packages`` (hadoop-aws for ``s3a://``, say).
     """
@@ -200,11 +201,7 @@ def _build_session(
             .config("spark.connect.grpc.binding.address", "127.0.0.1")
             .config("spark.connect.grpc.binding.port", str(connect_port))
         )
-    if quiet:
-        spark = _with_jvm_stderr_to_file(builder)
-        spark.sparkContext.setLogLevel("ERROR")
-    else:
-        spark = builder.getOrCreate()
+    spark = _with_jvm_stderr_to_file(builder) if quiet else builder.getOrCreate()
     if wanted and jars is None and not _inside_spark_submit():
         _remember_jars(wanted, spark.sparkContext.getConf().get("spark.jars", ""))
     register(spark)
@@ -295,10 +292,12 @@ def _with_jvm_stderr_to_file(builder: SparkSession.Builder) -> SparkSession:
     with open(path, "ab") as log_file:
         os.dup2(log_file.fileno(), 2)
         try:
-            return builder.getOrCreate()
+            spark = builder.getOrCreate()
         finally:
             os.dup2(saved, 2)
             os.close(saved)
+    log.info("Spark's own log (its JVM's output): %s", path)
+    return spark
 
 
 def quiet_stream_stop(spark: SparkSession) -> None:
@@ -376,6 +375,9 @@ def _hadoop(spark: SparkSession) -> tuple[Any, Any]:
 def remote_session(url: str) -> SparkSession:
     """A Spark Connect client session (e.g. on the Spark that deltaq up runs)."""
     spark = SparkSession.builder.remote(url).getOrCreate()
+    # Reattachable execution releases each result asynchronously: a short query's session
+    # was closed before those calls arrived, and the server logged a stack trace for each.
+    spark.client.disable_reattachable_execute()
     register(spark)
     return spark
 

@@ -14,7 +14,8 @@ Views (every per-channel view has ``topic`` and ``channel`` columns first):
 - ``queue_stats``: per channel, as of its last sweep: depth, in_flight, deferred, dead, expired
   (EXPIRE events, ever),
   oldest_ready_age_s, requeues, timeouts (nsqd's counters: every message the channel had),
-  fin_per_s (FINs in the minute before the sweep / 60, to 3 decimals).
+  fin_per_s (FINs in the minute before the query, or before ``as_of``, / 60, to 3 decimals:
+  it falls to 0 when a channel goes quiet).
 
 ``as_of`` (a timestamp) reads every table as it was then (Delta time travel): the registry,
 the channel tables, the ledgers, and the state each channel's sweep had written by then.
@@ -167,7 +168,10 @@ def register_views(
         "topic string, channel string, swept_at timestamp, finished_requeues long, "
         "finished_timeouts long",
     ).createOrReplaceTempView("_deltaq_sweeps")
-    spark.sql(_QUEUE_STATS).createOrReplaceTempView("queue_stats")
+    # fin_per_s counts the minute before this moment (or as_of): a channel that went quiet
+    # falls to 0, though its last sweep (skipped since: nothing changed) saw FINs.
+    now_us = int((when or datetime.now(UTC)).timestamp() * 1_000_000)
+    spark.sql(_QUEUE_STATS.format(now_us=now_us)).createOrReplaceTempView("queue_stats")
     return list(VIEWS)
 
 
@@ -232,8 +236,9 @@ LEFT JOIN (
 ) a ON a.topic = s.topic AND a.channel = s.channel
 LEFT JOIN (
   SELECT l.topic, l.channel, COUNT(*) AS fins
-  FROM ledger l JOIN _deltaq_sweeps w ON l.topic = w.topic AND l.channel = w.channel
-  WHERE l.event = 'FIN' AND l.at > w.swept_at - INTERVAL 60 SECONDS AND l.at <= w.swept_at
+  FROM ledger l
+  WHERE l.event = 'FIN' AND l.at > timestamp_micros({now_us} - 60000000)
+    AND l.at <= timestamp_micros({now_us})
   GROUP BY l.topic, l.channel
 ) f ON f.topic = s.topic AND f.channel = s.channel
 LEFT JOIN (

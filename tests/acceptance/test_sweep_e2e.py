@@ -8,6 +8,7 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,14 @@ def test_sql_views_say_what_stats_says(
         )
         == (3, 1, 1, 2, 0)
     )
-    assert row.fin_per_s == 0.017  # one FIN in the minute before the sweep, rounded
+    assert row.fin_per_s == 0.017  # one FIN in the minute before the query, rounded
+    # Two minutes on, with nothing answered since: the rate has fallen to 0.
+    register_views(spark, str(warehouse), as_of=datetime.now(UTC) + timedelta(minutes=2))
+    [later] = spark.sql(
+        "SELECT * FROM queue_stats WHERE topic = 'views' AND channel = 'c'"
+    ).collect()
+    assert later.fin_per_s == 0 and later.depth == row.depth
+    register_views(spark, str(warehouse))
     [count] = spark.sql(
         "SELECT count(*) AS n FROM messages WHERE topic = 'views' AND channel = 'c'"
     ).collect()

@@ -18,6 +18,9 @@ import pytest
 
 from tests.conftest import HOST, ROOT, free_port
 
+# A line deltaq's logging writes: "2026-11-25 08:46:41,051 INFO deltaq.up: ...".
+DELTAQ_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING|ERROR) [\w.]+: ")
+
 
 def quick_start(readme: str) -> str:
     """The shell block under the README's "Quick start" heading."""
@@ -62,6 +65,11 @@ def test_up_runs_the_readme_quick_start_and_stops_on_ctrl_c(tmp_path: Path) -> N
         )
     try:
         text = _wait_for(log_path, r"deltaq ready: ", 120, process)
+        # deltaq's own lines only (Spark's and uvicorn's go to Spark's log file / --verbose).
+        before_ready = text.split("deltaq ready: ", 1)[0].splitlines()
+        foreign = [line for line in before_ready if not DELTAQ_LINE.match(line)]
+        assert not foreign, foreign
+        assert len(before_ready) <= 12, before_ready
         assert f"http://{HOST}:{port}" in text
         assert "fanout stream and sweep (every 7.5 s)" in text, text[-3000:]
         assert f"sc://127.0.0.1:{connect_port}" in text
@@ -151,6 +159,10 @@ def test_up_runs_the_readme_quick_start_and_stops_on_ctrl_c(tmp_path: Path) -> N
         text = log_path.read_text(errors="replace")
         assert "Failed to cancel job group" not in text
         assert "INFO py4j" not in text
+        # deltaq sql's queries left nothing in up's terminal: no Spark Connect stack traces,
+        # no data source warnings.
+        for noise in ("\tat org.apache", "SESSION_CLOSED", "replaced a previously", "WARN "):
+            assert noise not in text, noise
     finally:
         if process.poll() is None:
             for child in psutil.Process(process.pid).children(recursive=True):

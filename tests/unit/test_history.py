@@ -102,3 +102,14 @@ def test_a_partial_sample_keeps_the_history_of_topics_not_sampled() -> None:
     assert len(h.topics["t"]) == 1 and ("t", "c") in h.channels
     h.record([], 3.0, [])
     assert "t" not in h.topics and ("t", "c") not in h.channels
+
+
+def test_a_rate_falls_to_zero_once_its_channel_goes_quiet() -> None:
+    h = History()
+    h.record([topic(10, 0, 1, finished=0)], 0.0)
+    h.record([topic(10, 0, 2, finished=10)], 2.0)
+    assert h.latest_rates("t", "c")["fin_rate"] == 5.0
+    h.record([topic(10, 0, 2, finished=10)], 4.0)
+    assert h.latest_rates("t", "c")["fin_rate"] == 0.0
+    # Sampled again within one period of the last change, so the console shows the 0 then.
+    assert h.due(["t"], 4.0 + h.period_s) == ["t"]
