@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -30,9 +31,10 @@ from api import (
 )
 from api.auth import Authenticator, AuthGate
 from api.fastpath import FastPath
+from api.lookupd import LookupdRegistrar, identity
 from api.responses import error, explained_error, from_queue_error
 from api.tcp.server import TcpServer
-from queue_engine import __version__
+from queue_engine import NSQD_VERSION, __version__
 from queue_engine.broker import Broker
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.history import History
@@ -47,10 +49,25 @@ Errors are nsqd's: `{"message": "CODE"}`.
 """
 
 
+log = logging.getLogger(__name__)
+
 SWAGGER_ASSETS = "/_static/swagger-ui"
 # Swagger UI 5's files as fastapi-offline ships them.
 SWAGGER_UI_FILES = Path(fastapi_offline.__file__).parent / "static"
 _METHODS = ("DELETE", "GET", "PATCH", "POST", "PUT")
+
+
+def lookupd_registrar(settings: Settings, broker: Broker) -> LookupdRegistrar | None:
+    """The registration with nsqlookupd (None without a TCP port: NSQ's consumers find nodes
+    through lookupd to connect over TCP, and nsqlookupd refuses a node without one)."""
+    if not settings.tcp_port:
+        if settings.nsqlookupd_tcp_addresses:
+            log.warning("nsqlookupd_tcp_addresses ignored: registering needs tcp_port")
+        return None
+    from api.server import advertised_host
+
+    me = identity(advertised_host(settings), settings.tcp_port, settings.port, NSQD_VERSION)
+    return LookupdRegistrar(lambda: broker.registry, me, settings.nsqlookupd_tcp_addresses)
 
 
 def create_app(settings: Settings, node: Node | None = None) -> FastAPI:
@@ -67,11 +84,20 @@ def create_app(settings: Settings, node: Node | None = None) -> FastAPI:
         )
         tcp = TcpServer(broker, app.state.authenticator) if settings.tcp_port else None
         app.state.tcp = tcp
+        lookupd = lookupd_registrar(settings, broker)
+        app.state.lookupd = lookupd
+        registering = None
         try:
             if tcp is not None:
                 await tcp.start()
+            if lookupd is not None:
+                registering = asyncio.get_running_loop().create_task(lookupd.run())
             yield
         finally:
+            if registering is not None:
+                registering.cancel()
+                assert lookupd is not None
+                lookupd.close()
             sampler.cancel()
             if tcp is not None:
                 await tcp.close()

@@ -3,8 +3,7 @@
 GET answers the options deltaq has an equivalent for, named and encoded as nsqd does (its
 ``cfg`` names; durations as Go's ``time.Duration``, integer nanoseconds). PUT changes what
 nsqd lets it change: ``log_level`` (it sets the API's logging level) and
-``nsqlookupd_tcp_addresses``, which deltaq keeps and reports but does not use: it does not
-register with nsqlookupd.
+``nsqlookupd_tcp_addresses``: the nsqlookupds this node registers with (api/lookupd.py).
 """
 
 from __future__ import annotations
@@ -118,7 +117,7 @@ async def put_log_level(request: Request) -> Response:
 
 @router.put(
     "/config/nsqlookupd_tcp_addresses",
-    summary="Set the nsqlookupd addresses /config reports (deltaq does not register with them)",
+    summary="Set the nsqlookupds this node registers its topics and channels with",
     response_class=Response,
     responses=_PUT_ERRORS,
     openapi_extra={
@@ -166,6 +165,9 @@ async def put_option(request: Request, option: Option) -> Response:
         if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
             raise QueueError(ErrorCode.INVALID_VALUE, "not a list of strings")
         request.app.state.lookupd_addresses = addresses
+        lookupd = getattr(request.app.state, "lookupd", None)
+        if lookupd is not None:
+            lookupd.set_addresses(addresses)
     else:
         raise QueueError(ErrorCode.INVALID_OPTION, option)
     return ok_json(_value(request, option))
@@ -175,7 +177,8 @@ def _value(request: Request, option: str) -> Any:
     if option == "log_level":
         return _log_level()
     if option == "nsqlookupd_tcp_addresses":
-        return getattr(request.app.state, "lookupd_addresses", [])
+        settings = broker_of(request).settings
+        return getattr(request.app.state, "lookupd_addresses", settings.nsqlookupd_tcp_addresses)
     options = _options(broker_of(request).settings)
     if option not in options:
         raise QueueError(ErrorCode.INVALID_OPTION, option)

@@ -41,6 +41,12 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
     parser.add_argument(
+        "--lookupd-tcp-address",
+        action="append",
+        metavar="HOST:PORT",
+        help="an nsqlookupd to register topics and channels with (repeatable, as nsqd's)",
+    )
+    parser.add_argument(
         "--broadcast-address",
         help="the host other nodes and clients reach this one at (default: --host, or the "
         "hostname when listening on every address)",
@@ -150,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             broadcast_address=args.broadcast_address,
+            nsqlookupd_tcp_addresses=args.lookupd_tcp_address,
             auth_tokens_file=args.auth_tokens_file,
             auth_http_address=args.auth_http_address,
             ack=args.ack,

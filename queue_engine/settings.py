@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     broadcast_address: str = ""
     # nsqd's TCP protocol (V2), for NSQ's own clients; 0 turns it off.
     tcp_port: int = 4150
+    # nsqlookupd TCP addresses (host:port) to register this node's topics and channels with,
+    # as nsqd's --lookupd-tcp-address: consumers given lookupd addresses then find it.
+    nsqlookupd_tcp_addresses: list[str] = Field(default_factory=list)
     # A certificate and key (PEM files): the HTTP port serves HTTPS, and TCP clients may
     # upgrade with IDENTIFY's tls_v1. Empty: no TLS.
     tls_cert: str = ""
