@@ -116,11 +116,12 @@ async def overview(request: Request) -> Response:
                 "messages": c.message_count,
                 "table_version": c.table_version,
                 "ledger_version": c.ledger_version,
-                # Topic versions the fanout has yet to bring here: counted from the newer of
-                # what it brought and the channel's start (an empty channel is not behind).
-                "fanout_lag_versions": max(
-                    0, t.version - max(c.fanned_topic_version, starts.get(c.name, -1))
-                ),
+                # Behind when the topic's newest version with messages is past what the
+                # fanout brought here and past the channel's start (an empty channel is not).
+                "fanout_behind": t.data_version
+                > max(c.fanned_topic_version, starts.get(c.name, -1)),
+                "topic_data_version": t.data_version,
+                "fanned_topic_version": c.fanned_topic_version,
                 # Another node serves the channel (its figures are there): its URL.
                 "elsewhere": c.node if c.node and c.node != here else None,
                 **history.latest_rates(t.name, c.name),

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from api.responses import NSQ_HEADER, TEXT_TYPE, ok_json
 from api.state import broker_of
+from api.tls import https_listener, tls_required
 from queue_engine import NSQD_VERSION, __version__
 from queue_engine.broker import Broker
 from queue_engine.channel import ConsumerSeen
@@ -36,6 +37,7 @@ async def ping() -> Response:
 @router.get("/info", summary="Version and addresses, nsqd's shape", response_class=Response)
 async def info(request: Request) -> Response:
     broker = broker_of(request)
+    https = https_listener(broker.settings)
     body: dict[str, Any] = {
         "version": NSQD_VERSION,
         "deltaq_version": __version__,
@@ -44,6 +46,10 @@ async def info(request: Request) -> Response:
         "http_port": broker.settings.port,
         # 0 when the TCP protocol is turned off.
         "tcp_port": broker.settings.tcp_port,
+        # deltaq: HTTPS's port (nsqd's --https-address), 0 without a certificate; and whether
+        # plain clients are refused ("true": TCP and HTTP, "tcp-https": TCP only).
+        "https_port": https[1] if https else 0,
+        "tls_required": str(tls_required(broker.settings)),
         "start_time": int(broker.started_at),
         "warehouse": broker.settings.warehouse,
         "ack": str(broker.settings.ack),

@@ -65,10 +65,11 @@ class LookupPeer:
     async def connect(self, wanted: set[Registration]) -> None:
         """Connect, IDENTIFY, and REGISTER everything in ``wanted`` (nsqd's connectCallback)."""
         host, _, port = self.address.rpartition(":")
-        self._reader, self._writer = await asyncio.wait_for(
+        reader, writer = await asyncio.wait_for(
             asyncio.open_connection(host.strip("[]"), int(port)), TIMEOUT_S
         )
-        self._writer.write(MAGIC_V1)
+        self._reader, self._writer = reader, writer
+        writer.write(MAGIC_V1)
         body = json.dumps(self._identity).encode()
         answer = await self._send(b"IDENTIFY\n" + struct.pack(">i", len(body)) + body)
         if answer == b"E_INVALID" or not answer.startswith(b"{"):

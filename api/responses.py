@@ -95,6 +95,25 @@ NSQD_CODES = frozenset(
     }
 )
 
+# deltaq's own checks of a request, whose answers say why (``reason``); the others carry
+# their specifics in fields of their own (``failed``, ``node``) or are nsqd's bare bodies.
+EXPLAINED_CODES = frozenset(
+    {
+        ErrorCode.E_INVALID,
+        ErrorCode.INVALID_MAX_ATTEMPTS,
+        ErrorCode.INVALID_TTL,
+        ErrorCode.INVALID_RETENTION,
+        ErrorCode.INVALID_RANGE,
+        ErrorCode.RANGE_REMOVED,
+        ErrorCode.INVALID_NODE,
+        ErrorCode.E_TOO_MANY_TOPICS,
+        ErrorCode.E_TOO_MANY_CHANNELS,
+        ErrorCode.E_TOO_MANY_WAITERS,
+        ErrorCode.E_TABLE_REFUSED,
+        ErrorCode.E_CONSTRAINT_VIOLATED,
+    }
+)
+
 # What nsqd's /channel/* handlers can answer about their topic and channel arguments.
 CHANNEL_CODES = (
     ErrorCode.MISSING_ARG_TOPIC,
@@ -130,7 +149,7 @@ def queue_error_body(exc: QueueError) -> bytes:
     consumer API, which ids a batch refused (``failed``) and, for E_INVALID, which parameter
     was wrong and why (``param``, ``reason``: what nsqd's TCP protocol puts after the code)."""
     payload: dict[str, Any] = {"message": str(exc.code)}
-    if exc.code not in NSQD_CODES or exc.param is not None:
+    if exc.code in EXPLAINED_CODES or exc.param is not None:
         if exc.param is not None:
             payload["param"] = exc.param
         if exc.detail:

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ipaddress
 import logging
 import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
 from api.app import create_app, with_fast_path
+from api.tls import https_listener, refuse_plain_http, server_tls_context, tls_required
 from queue_engine.ports import Listener, check_ports, listeners
-from queue_engine.settings import Settings
+from queue_engine.settings import Settings, TlsRequired
 from queue_engine.store.nodes import Node
 
 log = logging.getLogger(__name__)
@@ -41,7 +45,9 @@ def serve(
     ``before_serving`` starts something on, checked with the API's own before anything."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     # Ports first: a busy one is one line, before this process joins or starts anything.
-    check_ports([*listeners(settings), *also_listening])
+    https = https_listener(settings)
+    secure = [Listener("HTTPS", https[0], https[1], "https_address")] if https else []
+    check_ports([*listeners(settings), *secure, *also_listening])
     # Before anything is opened: join the warehouse's nodes (a lane; refused when all are held).
     node = Node(
         settings.warehouse,
@@ -71,10 +77,12 @@ def advertised_host(settings: Settings) -> str:
 
 def node_url(settings: Settings) -> str:
     """This API's base URL, where other nodes redirect its channels' consumers."""
-    scheme = "https" if settings.tls_cert and settings.tls_key else "http"
     host = advertised_host(settings)
     host = f"[{host}]" if ":" in host else host
-    return f"{scheme}://{host}:{settings.port}"
+    https = https_listener(settings)
+    if https is not None and tls_required(settings) is TlsRequired.TRUE:
+        return f"https://{host}:{https[1]}"  # plain HTTP refuses everything there
+    return f"http://{host}:{settings.port}"
 
 
 def _serve(
@@ -86,35 +94,72 @@ def _serve(
 ) -> None:
     app = create_app(settings, node)
     app.state.jobs_status = jobs_status
-    tls = bool(settings.tls_cert and settings.tls_key)
     if not app.state.authenticator.enabled and not is_loopback(settings.host):
         message = (
             f"listening on {settings.host} without authentication: anyone who reaches it can "
             "publish, consume and delete (set auth_tokens_file or auth_http_address)"
         )
         log.warning(message)
-    config = uvicorn.Config(
-        with_fast_path(app, settings),
-        host=settings.host,
-        port=settings.port,
-        loop="auto",
-        http="auto",
-        access_log=False,
-        log_level=server_log_level,
+    served = with_fast_path(app, settings)
+    https = https_listener(settings)
+    plain: Any = served
+    if https is not None and tls_required(settings) is TlsRequired.TRUE:
+        plain = refuse_plain_http(served, https[1])
+    common: dict[str, Any] = {
+        "loop": "auto",
+        "http": "auto",
+        "access_log": False,
+        "log_level": server_log_level,
         # Long-polling consumers and bursty producers keep connections; so do we.
-        timeout_keep_alive=75,
-        limit_concurrency=settings.max_http_connections or None,
-        ssl_certfile=settings.tls_cert if tls else None,
-        ssl_keyfile=settings.tls_key if tls else None,
+        "timeout_keep_alive": 75,
+        "limit_concurrency": settings.max_http_connections or None,
+    }
+    main = _Server(
+        uvicorn.Config(plain, host=settings.host, port=settings.port, **common),
+        app.state,
+        on_started,
     )
+    secure = None
+    context = server_tls_context(settings)
+    if https is not None and context is not None:
+        secure = _HttpsServer(
+            uvicorn.Config(
+                served,
+                host=https[0],
+                port=https[1],
+                # The app's lifespan (the broker) runs once, with the plain server.
+                lifespan="off",
+                ssl_context_factory=lambda config, default: context,
+                **common,
+            )
+        )
     log.info(
-        "deltaq API on %s://%s:%d, warehouse %s",
-        "https" if tls else "http",
+        "deltaq API on http://%s:%d%s, warehouse %s",
         settings.host,
         settings.port,
+        f" and https://{https[0]}:{https[1]}" if https is not None else "",
         settings.warehouse,
     )
-    _Server(config, app.state, on_started).run()
+    with asyncio.Runner(loop_factory=main.config.get_loop_factory()) as runner:
+        runner.run(_serve_both(main, secure))
+
+
+async def _serve_both(main: _Server, secure: _HttpsServer | None) -> None:
+    """The plain server (it runs the app's lifespan and owns the signals), and once it has
+    started, HTTPS beside it on the same event loop; HTTPS stops when the plain one does."""
+    serving = asyncio.create_task(main.serve())
+    if secure is None:
+        await serving
+        return
+    while not main.started and not serving.done():
+        await asyncio.sleep(0.02)
+    secure_serving = asyncio.create_task(secure.serve()) if main.started else None
+    try:
+        await serving
+    finally:
+        if secure_serving is not None:
+            secure.should_exit = True
+            await secure_serving
 
 
 def is_loopback(host: str) -> bool:
@@ -125,6 +170,14 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+class _HttpsServer(uvicorn.Server):
+    """The HTTPS listener: the plain server's signal handlers stop both."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 class _Server(uvicorn.Server):

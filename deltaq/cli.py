@@ -37,9 +37,33 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
         help="port of nsqd's TCP protocol for NSQ's clients (default 4150, nsqd's; 0: off)",
     )
     parser.add_argument(
-        "--tls-cert", help="PEM certificate: HTTPS, and TCP clients may upgrade to TLS"
+        "--tls-cert",
+        help="PEM certificate: HTTPS on --https-address, and TCP clients may upgrade to TLS",
     )
     parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    parser.add_argument(
+        "--https-address",
+        metavar="HOST:PORT",
+        help="where HTTPS listens when a certificate is given (default: --host, port 4152)",
+    )
+    parser.add_argument("--tls-root-ca-file", help="PEM CAs that client certificates verify with")
+    parser.add_argument(
+        "--tls-client-auth-policy",
+        choices=["require", "require-verify"],
+        help="ask TCP and HTTPS clients for a certificate (and require TLS, as nsqd)",
+    )
+    parser.add_argument(
+        "--tls-required",
+        nargs="?",
+        const="true",
+        metavar="true|false|tcp-https",
+        help="refuse plaintext clients: TCP and HTTP (true), TCP only (tcp-https)",
+    )
+    parser.add_argument(
+        "--tls-min-version",
+        choices=["tls1.0", "tls1.1", "tls1.2", "tls1.3"],
+        help="oldest TLS version accepted (default tls1.2)",
+    )
     parser.add_argument(
         "--lookupd-tcp-address",
         action="append",
@@ -160,6 +184,11 @@ def main(argv: list[str] | None = None) -> int:
             auth_tokens_file=args.auth_tokens_file,
             auth_http_address=args.auth_http_address,
             ack=args.ack,
+            https_address=args.https_address,
+            tls_root_ca_file=args.tls_root_ca_file,
+            tls_client_auth_policy=args.tls_client_auth_policy,
+            tls_required=args.tls_required,
+            tls_min_version=args.tls_min_version,
         )
 
     if args.command == "up":

@@ -205,8 +205,11 @@ def up(settings: Settings, *, verbose: bool = False) -> int:
 
 def _announce_ready(settings: Settings) -> None:
     """One line once both halves are up: the API listening and the jobs running."""
-    scheme = "https" if settings.tls_cert and settings.tls_key else "http"
-    url = f"{scheme}://{settings.host}:{settings.port}"
+    from api.tls import https_listener
+
+    url = f"http://{settings.host}:{settings.port}"
+    https = https_listener(settings)
+    secure = f", https://{https[0]}:{https[1]}" if https else ""
     sql = (
         f"; deltaq sql on sc://127.0.0.1:{settings.spark_connect_port}"
         if settings.spark_connect_port
@@ -214,9 +217,10 @@ def _announce_ready(settings: Settings) -> None:
     )
     tcp = f"; NSQ clients on {settings.host}:{settings.tcp_port}" if settings.tcp_port else ""
     log.info(
-        "deltaq ready: %s (console %s/console, API docs %s/docs)%s; fanout + sweep every %.0f s"
-        "%s; warehouse %s",
+        "deltaq ready: %s%s (console %s/console, API docs %s/docs)%s; fanout + sweep every "
+        "%.0f s%s; warehouse %s",
         url,
+        secure,
         url,
         url,
         tcp,

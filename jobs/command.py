@@ -129,6 +129,16 @@ def _user_facing(exc: BaseException) -> bool:
 
 
 def one_line(exc: BaseException) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        # Its first line only counts the errors: say what each one is.
+        return "; ".join(
+            ".".join(str(part) for part in error["loc"]) + ": " + error["msg"]
+            if error["loc"]
+            else error["msg"].removeprefix("Value error, ")
+            for error in exc.errors()
+        )
     text = str(exc).strip()
     first = text.splitlines()[0] if text else type(exc).__name__
     return first.strip()

@@ -921,6 +921,7 @@ class Broker:
             commit_p50_ms=percentile_ms(durations, 0.50),
             commit_p99_ms=percentile_ms(durations, 0.99),
             refused=_refused(self._writers.get(info.name)),
+            data_version=stats.data_version,
         )
 
     def _topic_depth(self, info: TopicInfo, stats: CommitStats) -> int:

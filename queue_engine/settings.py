@@ -10,7 +10,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -19,6 +19,35 @@ from pydantic_settings import (
 )
 
 CONFIG_ENV = "DELTAQ_CONFIG"
+
+
+class TlsRequired(StrEnum):
+    FALSE = "false"
+    TRUE = "true"
+    TCP_HTTPS = "tcp-https"
+
+    @classmethod
+    def _missing_(cls, value: object) -> TlsRequired | None:
+        # nsqd's flag is a bool flag too: true/false/1/0 in any case, and TOML booleans.
+        text = str(value).strip().lower()
+        if text in ("true", "1", "t", "yes"):
+            return cls.TRUE
+        if text in ("false", "0", "f", "no", ""):
+            return cls.FALSE
+        return cls.TCP_HTTPS if text == "tcp-https" else None
+
+
+class TlsClientAuthPolicy(StrEnum):
+    NONE = ""
+    REQUIRE = "require"
+    REQUIRE_VERIFY = "require-verify"
+
+
+class TlsMinVersion(StrEnum):
+    TLS1_0 = "tls1.0"
+    TLS1_1 = "tls1.1"
+    TLS1_2 = "tls1.2"
+    TLS1_3 = "tls1.3"
 
 
 class AckMode(StrEnum):
@@ -58,10 +87,24 @@ class Settings(BaseSettings):
     # nsqlookupd TCP addresses (host:port) to register this node's topics and channels with,
     # as nsqd's --lookupd-tcp-address: consumers given lookupd addresses then find it.
     nsqlookupd_tcp_addresses: list[str] = Field(default_factory=list)
-    # A certificate and key (PEM files): the HTTP port serves HTTPS, and TCP clients may
-    # upgrade with IDENTIFY's tls_v1. Empty: no TLS.
+    # TLS as nsqd 1.3.0 lays it out (api/tls.py). A certificate and key (PEM files): HTTPS on
+    # https_address, beside plain HTTP on port; TCP clients upgrade with IDENTIFY's tls_v1.
+    # Empty: no TLS.
     tls_cert: str = ""
     tls_key: str = ""
+    # Where HTTPS listens (host:port); "": this host, port 4152 (nsqd's). Only with a cert.
+    https_address: str = ""
+    # CA file (PEM) client certificates are verified against.
+    tls_root_ca_file: str = ""
+    # "" (no client certificate asked), "require", "require-verify"; either makes
+    # tls_required true, as in nsqd.
+    tls_client_auth_policy: TlsClientAuthPolicy = TlsClientAuthPolicy.NONE
+    # "false"; "true": TCP clients must upgrade to TLS before anything but IDENTIFY, and plain
+    # HTTP answers 403 TLS_REQUIRED; "tcp-https": TCP as "true", plain HTTP still served.
+    tls_required: TlsRequired = TlsRequired.FALSE
+    # The oldest TLS version accepted: tls1.0 .. tls1.3 (nsqd's default is tls1.0; deltaq's
+    # tls1.2, as current OpenSSL builds refuse older ones anyway).
+    tls_min_version: TlsMinVersion = TlsMinVersion.TLS1_2
     # Authentication (queue_engine/auth.py): a tokens file (hashed bearer tokens with roles),
     # and/or nsqd's auth server (host:port, or a URL). Both empty: no authentication.
     auth_tokens_file: str = ""
@@ -164,6 +207,23 @@ class Settings(BaseSettings):
     # On an object store, the API holds the warehouse with a lease it renews every third of
     # this; after a kill -9 the next API waits up to this long for it to lapse.
     store_lease_s: float = 15.0
+
+    @model_validator(mode="after")
+    def _tls_fits_together(self) -> Settings:
+        """nsqd's start-up checks of its TLS options, as one-line refusals."""
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key go together: give both or neither")
+        required = self.tls_required is not TlsRequired.FALSE or self.tls_client_auth_policy
+        if required and not self.tls_cert:
+            raise ValueError(
+                "cannot require TLS client connections without TLS key and cert "
+                "(tls_required, tls_client_auth_policy)"
+            )
+        if self.https_address:
+            _, _, port = self.https_address.rpartition(":")
+            if not port.isdigit():
+                raise ValueError(f"https_address {self.https_address!r}: host:port")
+        return self
 
     @classmethod
     def settings_customise_sources(

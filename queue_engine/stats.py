@@ -52,6 +52,9 @@ class TopicStats:
     # Why the topic's table takes no publishes (a Delta feature deltaq cannot keep working
     # with), or None.
     refused: str | None = None
+    # The newest topic version that added messages (-1: none known): a channel whose rows
+    # reach it has every message the fanout could give it.
+    data_version: int = -1
 
 
 def percentile_ms(ordered: list[float], q: float) -> float:

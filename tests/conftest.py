@@ -39,9 +39,9 @@ class Server:
     tcp_port: int = 0
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
-    # "https" when the server is given a certificate (its readiness check then skips
-    # verification: the tests verify with their own CA).
+    # "https": ``url`` is the HTTPS listener's (a certificate in env), not plain HTTP's.
     scheme: str = "http"
+    https_port: int = 0
     # What HTTPS clients verify the server with (its CA), for tests that use it.
     verify: ssl.SSLContext | bool = True
     # An object-store URL to serve instead of ``warehouse`` (which then only holds the log).
@@ -49,7 +49,15 @@ class Server:
 
     @property
     def url(self) -> str:
-        return f"{self.scheme}://{HOST}:{self.port}"
+        return self.https_url if self.scheme == "https" else self.http_url
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def https_url(self) -> str:
+        return f"https://{HOST}:{self.https_port}"
 
     def start(self, timeout_s: float = 30.0) -> Server:
         self.port = self.port or free_port()
@@ -71,6 +79,7 @@ class Server:
                 str(self.port),
                 "--tcp-port",
                 str(self.tcp_port),
+                *self._https_args(env),
             ],
             env=env,
             stdout=log,
@@ -82,12 +91,21 @@ class Server:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited: {self.log()}")
             try:
-                if httpx.get(f"{self.url}/ping", timeout=1, verify=False).text == "OK":
+                # Plain HTTP answers from the start (403 TLS_REQUIRED under tls_required).
+                ping = httpx.get(f"{self.http_url}/ping", timeout=1)
+                if ping.text == "OK" or ping.status_code == 403:
                     return self
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)
         raise TimeoutError(f"server did not start: {self.log()}")
+
+    def _https_args(self, env: dict[str, str]) -> list[str]:
+        """With a certificate, HTTPS on a free port of its own (nsqd's is 4152)."""
+        if not env.get("DELTAQ_TLS_CERT"):
+            return []
+        self.https_port = self.https_port or free_port()
+        return ["--https-address", f"{HOST}:{self.https_port}"]
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -176,3 +194,11 @@ def shared_server(
 def client(shared_server: Server) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=shared_server.url, timeout=30) as c:
         yield c
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that runs on Spark (the ``spark`` fixture, directly or through another) is
+    slow too: ``pytest -m "not slow"`` is the part a developer runs in a few minutes."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

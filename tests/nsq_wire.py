@@ -153,7 +153,9 @@ class Nsqd:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"http://{HOST}:{self.http_port}/ping", timeout=1).text == "OK":
+                ping = httpx.get(f"http://{HOST}:{self.http_port}/ping", timeout=1)
+                # 403: up, refusing plain HTTP (--tls-required=true).
+                if ping.text == "OK" or ping.status_code == 403:
                     return self
             except httpx.HTTPError:
                 time.sleep(0.05)

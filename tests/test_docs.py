@@ -101,6 +101,11 @@ def test_deltaq_version_names_deltaq_and_its_engines() -> None:
         (["sweep", "--warehouse", "{tmp}/nothing-here"], "no deltaq warehouse at"),
         (["sql", "--warehouse", "{tmp}/nothing-here", "SELECT 1"], "no deltaq warehouse at"),
         (["api", "--config", "{tmp}/missing.toml"], "missing.toml"),
+        # nsqd's own refusal, word for word, before anything starts.
+        (
+            ["api", "--warehouse", "{tmp}/w", "--tls-required"],
+            "cannot require TLS client connections without TLS key and cert",
+        ),
     ],
 )
 def test_command_errors_are_one_line(tmp_path: object, argv: list[str], expected: str) -> None:

@@ -131,8 +131,8 @@ function render(overview) {
       cell(crow, fmt(c.fin_rate, 1), "fin-rate");
       const delta = cell(crow, c.elsewhere
         ? `served by ${c.elsewhere}`
-        : c.fanout_lag_versions > 0
-          ? `fanout ${c.fanout_lag_versions} topic versions behind`
+        : c.fanout_behind
+          ? `fanout behind: topic v${c.topic_data_version}, here through v${c.fanned_topic_version}`
           : "fanout caught up", "delta");
       // The tables' versions, for whoever looks for them (none before the first row).
       if (!c.elsewhere && c.table_version >= 0) {

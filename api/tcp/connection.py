@@ -29,6 +29,7 @@ from api.tcp import frames
 from api.tcp.frames import ClientError, FatalClientError
 from api.tcp.identify import ClientOptions, identify
 from api.tcp.transport import Closed, Transport
+from api.tls import tls_required
 from queue_engine.auth import Identity, Role
 from queue_engine.broker import Broker
 from queue_engine.channel import ChannelRuntime
@@ -36,6 +37,7 @@ from queue_engine.channel_queue import Answer, Delivery, SettleError
 from queue_engine.errors import ChannelElsewhereError, QueueError
 from queue_engine.lease import EventKind
 from queue_engine.names import is_valid_name
+from queue_engine.settings import TlsRequired
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +105,7 @@ class Connection:
         self.settings = broker.settings
         self.transport = transport
         self.tls_context = tls_context
+        self._tls_required = tls_required(self.settings) is not TlsRequired.FALSE
         self._on_closed = on_closed
         self.authenticator = authenticator if authenticator and authenticator.enabled else None
         self.identity: Identity | None = None
@@ -183,6 +186,11 @@ class Connection:
         """Run one command and queue its answer; False when the connection must close."""
         params = line.split(b" ")
         try:
+            if self._tls_required and params[0] != b"IDENTIFY" and not self.transport.tls:
+                # nsqd's enforceTLSPolicy: before the command is even looked up.
+                raise FatalClientError(
+                    "E_INVALID", f"cannot {_text(params[0])} in current state (TLS required)"
+                )
             handler = self._commands.get(params[0])
             if handler is None:
                 raise FatalClientError("E_INVALID", f"invalid command {_text(params[0])}")
@@ -362,6 +370,8 @@ class Connection:
         if negotiated.answer is None:
             return frames.OK
         transport = self.transport
+        if negotiated.tls:
+            transport.hold_reads()
         transport.write(frames.response(negotiated.answer))
         await transport.flush()
         try:

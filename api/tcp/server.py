@@ -6,33 +6,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
-from pathlib import Path
 
 from api.auth import Authenticator
 from api.tcp import frames
 from api.tcp.connection import Connection
 from api.tcp.transport import Transport
+from api.tls import server_tls_context
 from queue_engine.broker import Broker
-from queue_engine.settings import Settings
 
 log = logging.getLogger(__name__)
-
-
-def tls_context(settings: Settings) -> ssl.SSLContext | None:
-    """The server's TLS context when a certificate and key are configured (IDENTIFY's tls_v1)."""
-    if not settings.tls_cert and not settings.tls_key:
-        return None
-    if not (settings.tls_cert and settings.tls_key):
-        raise ValueError("tls_cert and tls_key go together: give both or neither")
-    for path in (settings.tls_cert, settings.tls_key):
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"TLS file not found: {path}")
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    # nsqd's default minimum (--tls-min-version tls1.2).
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(settings.tls_cert, settings.tls_key)
-    return context
 
 
 class TcpServer:
@@ -45,7 +27,7 @@ class TcpServer:
         self.connections: set[Connection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
-        self._tls = tls_context(self.settings)
+        self._tls = server_tls_context(self.settings)
 
     async def start(self) -> None:
         try:

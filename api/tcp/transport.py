@@ -140,8 +140,15 @@ class Transport:
 
     # -- upgrades -----------------------------------------------------------------------------
 
+    def hold_reads(self) -> None:
+        """Stop reading from the socket until ``start_tls``: the client's TLS handshake follows
+        the IDENTIFY answer at once, and bytes read before the upgrade would land in the
+        plaintext buffer, where the TLS layer never sees them (the handshake then stalls)."""
+        self._writer.transport.pause_reading()  # type: ignore[attr-defined]
+
     async def start_tls(self, context: ssl.SSLContext) -> None:
         await self.flush()
+        # asyncio's start_tls resumes reading, through the TLS layer.
         await self._writer.start_tls(context)
 
     def start_deflate(self, level: int) -> None:

@@ -48,6 +48,8 @@ class CommitStats:
     commits: int
     committed_messages: int
     committed_bytes: int
+    # The newest version known to have added messages (-1: none since open, or none at all).
+    data_version: int = -1
 
 
 class TopicWriter(GroupCommitter[_Publish]):
@@ -80,6 +82,9 @@ class TopicWriter(GroupCommitter[_Publish]):
         # ascending: how many messages a reader that reached a version has passed. Versions
         # before open are counted from the commit log when first asked (``messages_through``).
         self._marks: list[tuple[int, int]] = [(self._version, count)]
+        # A table opened with messages: its newest version may be one that added none
+        # (compaction, a property change); the version is the bound a reader can reach.
+        self._data_version = self._version if count else -1
         # Rows each version added, read from the commit log for versions older than the marks.
         self._log_counts: dict[int, int] = {}
         self._commits = 0
@@ -109,6 +114,7 @@ class TopicWriter(GroupCommitter[_Publish]):
                 self._commits,
                 self._committed_messages,
                 self._committed_bytes,
+                self._data_version,
             )
 
     def messages_through(self, version: int) -> int:
@@ -172,6 +178,8 @@ class TopicWriter(GroupCommitter[_Publish]):
             self._version = max(self._version, version)
             self._message_count += count
             self._marks.append((version, self._message_count))
+            if count:
+                self._data_version = max(self._data_version, version)
             self._commits += 1
             self._committed_messages += count
             self._committed_bytes += nbytes

@@ -1,6 +1,7 @@
-"""The whole pipeline on local disk and on an S3 server (moto's, over HTTP on 127.0.0.1): the API
-publishing and leasing, ``deltaq fanout`` exactly once, ``deltaq sweep``, ``deltaq sql``,
-restarts and kill -9; and the start checks that refuse a store deltaq cannot use safely.
+"""The whole pipeline on an S3 server (moto's, over HTTP on 127.0.0.1), and on local disk too
+where the store changes the behaviour (the jobs' locks): the API publishing and leasing,
+``deltaq fanout`` exactly once, ``deltaq sweep``, ``deltaq sql``, restarts and kill -9; and the
+start checks that refuse a store deltaq cannot use safely.
 
 Each command runs as a user runs it, a process of its own configured by the standard
 ``AWS_*`` variables. The fanout's checkpoint is the default, in the warehouse: on S3 a Spark
@@ -107,6 +108,9 @@ def take(c: httpx.Client, topic: str, channel: str, n: int, **params: Any) -> li
     return got
 
 
+# On local disk the same is proved by test_up, test_sweep_e2e and test_durability: here
+# what the store changes (two round trips per commit, leases instead of flocks).
+@pytest.mark.parametrize("site", ["s3"], indirect=True)
 def test_publish_fanout_exactly_once_leases_sweep_and_sql(site: Site) -> None:
     server = site.server()
     wh = Warehouse(site.root)
@@ -155,6 +159,9 @@ def test_publish_fanout_exactly_once_leases_sweep_and_sql(site: Site) -> None:
     assert "|orders|billing|46|" in answer_rows.stdout.replace(" ", "")
 
 
+# On local disk the same is proved by test_up, test_sweep_e2e and test_durability: here
+# what the store changes (two round trips per commit, leases instead of flocks).
+@pytest.mark.parametrize("site", ["s3"], indirect=True)
 def test_restarts_and_kill_9_lose_nothing_acknowledged(site: Site) -> None:
     wh = Warehouse(site.root)
     server = site.server()

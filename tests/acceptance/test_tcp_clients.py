@@ -46,7 +46,7 @@ def server(
             "DELTAQ_TLS_KEY": str(certs / "server.key"),
             "DELTAQ_MSG_TIMEOUT_MS": "30000",
         },
-        # The certificate also makes the HTTP port HTTPS.
+        # The tests talk HTTPS (the certificate adds that listener beside plain HTTP).
         scheme="https",
     ).start()
     server.verify = ssl.create_default_context()
