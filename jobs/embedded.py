@@ -155,6 +155,10 @@ def _run(
         except BrokenPipeError:
             # Nobody to tell: the parent is gone (its watch stops this process).
             stop.set()
+    if settings.spark_connect_port and not stop.is_set():
+        threading.Thread(
+            target=_warm_spark_connect, args=(settings,), daemon=True, name="deltaq-warm"
+        ).start()
     while not stop.wait(1.0):
         if not query.isActive:
             log.error("fanout stopped: %s", query.exception())
@@ -166,6 +170,35 @@ def _run(
     failed = query.exception() is not None
     spark.stop()
     return 1 if failed else 0
+
+
+def _warm_spark_connect(settings: Settings) -> None:
+    """Run one deltaq sql query on the Spark Connect endpoint, as a user would, so that the
+    user's first one takes about a second rather than seven (the server's first session and
+    its first Python data source lookup). From a process of its own: PySpark allows no Spark
+    Connect client beside a classic session."""
+    import subprocess
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "deltaq",
+            "sql",
+            "--warehouse",
+            settings.warehouse,
+            "--remote",
+            f"sc://127.0.0.1:{settings.spark_connect_port}",
+            # Every kind of scan the views use: each is planned by a Python worker first.
+            "SELECT (SELECT count(*) FROM topics), (SELECT count(*) FROM messages), "
+            "(SELECT count(*) FROM queue_stats), (SELECT count(*) FROM dead_letters)",
+        ],
+        capture_output=True,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        log.debug("warming Spark Connect failed: %s", done.stderr[-2000:])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,8 +5,8 @@ columns first. queue_stats and state are as of each channel's last sweep (up to 
 interval behind /stats). --as-of 2026-11-22T03:12:00Z reads every table as it was then.
 
 Where deltaq up runs on this machine, the query runs on its Spark (Spark Connect on
-127.0.0.1:<spark_connect_port>) and answers in about a second; otherwise a local Spark starts
-for it (10-20 s).
+127.0.0.1:<spark_connect_port>) and answers in 1.3-1.5 s; otherwise a local Spark starts for
+it (10-20 s).
 """
 
 from __future__ import annotations
