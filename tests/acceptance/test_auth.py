@@ -253,6 +253,33 @@ def test_https_with_a_certificate_made_here(server_factory: type[Server], tmp_pa
         httpx.get(f"http://{HOST}:{server.https_port}/ping", timeout=5)
 
 
+def test_tokens_guard_http_and_https_alike(
+    server_factory: type[Server], tmp_path: Path, tokens: tuple[Path, dict[str, str]]
+) -> None:
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    cert = ca.issue_cert(HOST)
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.private_key_and_cert_chain_pem.write_to_path(str(cert_path))
+    cert.private_key_pem.write_to_path(str(key_path))
+    path, made = tokens
+    env = {
+        "DELTAQ_AUTH_TOKENS_FILE": str(path),
+        "DELTAQ_TLS_CERT": str(cert_path),
+        "DELTAQ_TLS_KEY": str(key_path),
+    }
+    server = server_factory(tmp_path / "wh", env=env).start()
+    verify = ssl.create_default_context()
+    ca.configure_trust(verify)
+    for base, check in ((server.http_url, True), (server.https_url, verify)):
+        with httpx.Client(base_url=base, verify=check, timeout=30) as c:
+            assert c.post("/pub?topic=orders_a", content=b"x").status_code == 401
+            ok = c.post("/pub?topic=orders_a", content=b"x", headers=bearer(made["publish"]))
+            assert ok.text == "OK", base
+            other = c.post("/pub?topic=other", content=b"x", headers=bearer(made["publish"]))
+            assert other.status_code == 403, base
+
+
 def test_caps_answer_clearly(server_factory: type[Server], tmp_path: Path) -> None:
     server = server_factory(
         tmp_path / "wh",
