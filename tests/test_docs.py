@@ -15,7 +15,7 @@ from api.app import create_app
 from api.fastpath import _ROUTES
 from deltaq.cli import build_parser
 from queue_engine.settings import Settings
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_deltaq
 
 DOCS = ROOT / "docs"
 
@@ -80,14 +80,7 @@ def test_every_command_has_help_with_a_description() -> None:
 def test_deltaq_version_names_deltaq_and_its_engines() -> None:
     from importlib.metadata import version
 
-    result = subprocess.run(
-        [sys.executable, "-m", "deltaq", "--version"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_deltaq("--version")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == (
         f"deltaq {version('deltaq')} (pyspark {version('pyspark')}, "

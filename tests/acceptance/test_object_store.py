@@ -238,22 +238,35 @@ def test_wrong_credentials_are_refused_at_start(tmp_path: Path) -> None:
         server.stop()
 
 
-def test_the_fanout_checkpoint_lives_in_the_store(s3_server: S3Server, tmp_path: Path) -> None:
-    """Spark has no FileSystem for s3:// here: the fanout mirrors its checkpoint to the store,
-    and a second run (a new process, a new local copy) resumes from it: nothing twice."""
+@pytest.mark.parametrize("spark_writes", [False, True], ids=["mirrored", "s3a"])
+def test_the_fanout_checkpoint_lives_in_the_store(
+    s3_server: S3Server, tmp_path: Path, spark_writes: bool
+) -> None:
+    """Without S3A, the fanout mirrors its checkpoint to the store from a local copy; with
+    hadoop-aws on the jobs' classpath (``spark_packages``, fetched from Maven Central into
+    Ivy's cache) Spark keeps it on ``s3a://`` itself, configured from the same store variables
+    as delta-rs. Either way a second run (a new process) resumes from it: nothing twice."""
     env = store_env(s3_server.endpoint)
     root = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
+    args = ["fanout", "--once"]
+    if spark_writes:
+        env["DELTAQ_SPARK_PACKAGES"] = json.dumps([hadoop_aws_package()])
+        args += ["--checkpoint", f"s3a://{root.split('://', 1)[1]}/_checkpoints/fanout"]
     site = Site("s3", root, tmp_path, env)
     server = site.server()
     try:
         with httpx.Client(base_url=server.url, timeout=30) as c:
             create_channel(c, "t", "c")
             first = publish(c, "t", 5, "first")
-            site.fanout_once()
+            done = site.run(*args)
+            if done.returncode != 0 and "UNRESOLVED DEPENDENC" in done.stderr:
+                pytest.skip(f"{hadoop_aws_package()} could not be fetched from Maven Central")
+            assert done.returncode == 0, done.stderr[-3000:]
             second = publish(c, "t", 5, "second")
-        done = site.run("fanout", "--once")
+        done = site.run(*args)
         assert done.returncode == 0, done.stderr[-3000:]
-        assert f"fanout checkpoint {root}/_checkpoints/fanout: " in done.stderr
+        mirrored = f"fanout checkpoint {root}/_checkpoints/fanout: " in done.stderr
+        assert mirrored is not spark_writes, done.stderr[-3000:]
     finally:
         server.stop()
     rows = site.table(Warehouse(root).channel_messages_path("t", "c"))
@@ -261,41 +274,6 @@ def test_the_fanout_checkpoint_lives_in_the_store(s3_server: S3Server, tmp_path:
     stored = s3_server.keys(BUCKET, f"{root.split('/', 3)[3]}/_checkpoints/fanout/")
     assert {"metadata", "offsets/0", "commits/0", "offsets/1", "commits/1"} <= stored, stored
     assert not any(k.rsplit("/", 1)[-1].startswith(".") for k in stored), stored
-
-
-def test_spark_writes_an_s3a_checkpoint_itself_with_hadoop_aws_from_maven(
-    s3_server: S3Server, tmp_path: Path
-) -> None:
-    """With hadoop-aws on the jobs' classpath (``spark_packages``, fetched from Maven Central
-    into Ivy's cache) Spark keeps the fanout's checkpoint on ``s3a://`` itself, configured
-    from the same store variables as delta-rs; a second run resumes from it."""
-    env = {
-        **store_env(s3_server.endpoint),
-        "DELTAQ_SPARK_PACKAGES": json.dumps([hadoop_aws_package()]),
-    }
-    root = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
-    checkpoint = f"s3a://{root.split('://', 1)[1]}/_checkpoints/fanout"
-    site = Site("s3", root, tmp_path, env)
-    server = site.server()
-    try:
-        with httpx.Client(base_url=server.url, timeout=30) as c:
-            create_channel(c, "t", "c")
-            first = publish(c, "t", 5, "first")
-            done = site.run("fanout", "--once", "--checkpoint", checkpoint)
-            if done.returncode != 0 and "UNRESOLVED DEPENDENC" in done.stderr:
-                pytest.skip(f"{hadoop_aws_package()} could not be fetched from Maven Central")
-            assert done.returncode == 0, done.stderr[-3000:]
-            # Spark wrote it: nothing mirrored from a local copy.
-            assert "run from the local copy" not in done.stderr
-            second = publish(c, "t", 5, "second")
-        done = site.run("fanout", "--once", "--checkpoint", checkpoint)
-        assert done.returncode == 0, done.stderr[-3000:]
-    finally:
-        server.stop()
-    rows = site.table(Warehouse(root).channel_messages_path("t", "c"))
-    assert sorted(rows.column("body").to_pylist()) == sorted(first | second)
-    stored = s3_server.keys(BUCKET, f"{root.split('/', 3)[3]}/_checkpoints/fanout/")
-    assert {"metadata", "offsets/0", "commits/0", "offsets/1", "commits/1"} <= stored, stored
 
 
 def test_a_mirrored_checkpoint_follows_what_spark_writes_and_purges(

@@ -42,6 +42,16 @@ def delta(spark: SparkSession) -> SparkSession:
     return spark
 
 
+@pytest.fixture
+def served(server_factory: type[Server], tmp_path: Path) -> tuple[Path, httpx.Client]:
+    """A deltaq API on a fresh warehouse, and a client of it with topic t's channel c."""
+    wh = tmp_path / "wh"
+    server = server_factory(wh).start()
+    c = httpx.Client(base_url=server.url, timeout=30)
+    create_channel(c, "t", "c")
+    return wh, c
+
+
 def count(spark: SparkSession, path: Path | str, **options: str) -> int:
     reader = spark.read.format("delta")
     for key, value in options.items():
@@ -73,12 +83,9 @@ def consume_all(c: httpx.Client, topic: str, channel: str, expect: int) -> list[
 
 
 def test_delta_spark_reads_every_table_deltaq_writes(
-    delta: SparkSession, server_factory: type[Server], tmp_path: Path
+    delta: SparkSession, served: tuple[Path, httpx.Client]
 ) -> None:
-    wh = tmp_path / "wh"
-    server = server_factory(wh).start()
-    c = httpx.Client(base_url=server.url, timeout=30)
-    create_channel(c, "t", "c")
+    wh, c = served
     for i in range(6):
         body = "\n".join(f"m{i}-{j}" for j in range(5)).encode()
         assert c.post("/mpub", params={"topic": "t"}, content=body).text == "OK"
@@ -202,12 +209,9 @@ def test_a_users_delta_stream_of_a_topic_keeps_running_across_retention(
 
 
 def test_another_engine_maintains_a_topic_while_deltaq_publishes_and_consumes(
-    delta: SparkSession, server_factory: type[Server], tmp_path: Path
+    delta: SparkSession, served: tuple[Path, httpx.Client]
 ) -> None:
-    wh = tmp_path / "wh"
-    server = server_factory(wh).start()
-    c = httpx.Client(base_url=server.url, timeout=30)
-    create_channel(c, "t", "c")
+    wh, c = served
     topic = Warehouse(str(wh)).topic_path("t")
     acknowledged: list[bytes] = []
 
