@@ -29,7 +29,6 @@ from queue_engine.spark.session import Engine, delta_spark_package, engine, hado
 from queue_engine.spark.views import read_registry
 from queue_engine.store.tables import Warehouse
 
-CHANNEL_TABLES = ("messages", "ledger", "state", "dead")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 
 
@@ -65,22 +64,24 @@ def register_tables(
     for topic in sorted(registry.topics.values(), key=lambda t: t.name):
         wanted[catalog_name("topic", topic.name)] = wh.topic_path(topic.name)
         for channel in sorted(topic.channels):
-            root = wh.channel_root(topic.name, channel)
-            for kind in CHANNEL_TABLES:
-                name = f"{catalog_name('channel', topic.name, channel)}_{kind}"
-                wanted[name] = f"{root}/{kind}"
+            prefix = catalog_name("channel", topic.name, channel)
+            wanted[f"{prefix}_messages"] = wh.channel_messages_path(topic.name, channel)
+            wanted[f"{prefix}_ledger"] = wh.channel_ledger_path(topic.name, channel)
+            wanted[f"{prefix}_state"] = wh.channel_state_path(topic.name, channel)
+            wanted[f"{prefix}_dead"] = wh.channel_dead_path(topic.name, channel)
 
+    # Every table lives under the warehouse: ask Spark for its FileSystem once.
+    root = hadoop_path(spark, wh.root)
+    if root is None:
+        raise CatalogError(f"{wh.root}: Spark has no Hadoop FileSystem for its scheme")
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {database}")
     existing = {t.name for t in spark.catalog.listTables(database) if not t.isTemporary}
     registered: dict[str, str] = {}
     for name, path in wanted.items():
-        location = hadoop_path(spark, path)
-        # NSQ's names cannot hold a quote; a warehouse path might.
-        location = location.replace("'", "\\'") if location is not None else None
-        if location is None:
-            raise CatalogError(f"{path}: Spark has no Hadoop FileSystem for its scheme")
         if not DeltaTable.is_deltatable(path):
             continue
+        # NSQ's names cannot hold a quote; a warehouse path might.
+        location = (root + path.removeprefix(wh.root)).replace("'", "\\'")
         if name not in existing:
             spark.sql(f"CREATE TABLE {database}.{name} USING delta LOCATION '{location}'")
         registered[f"{database}.{name}"] = path
