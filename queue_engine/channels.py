@@ -1,0 +1,410 @@
+"""The channels of one node (nsqd's ``Channel``s): the ones it serves, and their admin.
+
+A channel this node serves is a ``ChannelRuntime`` (queue_engine.channel) ticked by the pump
+(queue_engine.pump). Which node serves a channel is decided by its claims
+(queue_engine.cluster); a channel another live node owns answers ``ChannelElsewhereError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Iterator
+
+from queue_engine.acks import Acks
+from queue_engine.channel import ChannelRuntime
+from queue_engine.channel_queue import Answer, Delivery
+from queue_engine.cluster import Membership
+from queue_engine.errors import ChannelElsewhereError, ErrorCode, QueueError
+from queue_engine.lease import EventKind
+from queue_engine.node_registry import NodeRegistry
+from queue_engine.pump import Pump
+from queue_engine.registry import Action, RegistryEvent
+from queue_engine.replay import Bound, ReplayResult, run_replay
+from queue_engine.settings import Settings
+from queue_engine.stats import ChannelStats
+from queue_engine.store.commit_log import latest_version
+from queue_engine.store.maintenance import Maintenance
+from queue_engine.store.nodes import NodeRecord
+from queue_engine.store.tables import Warehouse, delete_tree
+from queue_engine.topics import Topics
+
+log = logging.getLogger(__name__)
+
+# A move that raced a delete or another move is decided again this many times.
+_RACE_RETRIES = 20
+
+
+class Channels:
+    def __init__(
+        self,
+        settings: Settings,
+        warehouse: Warehouse,
+        registry: NodeRegistry,
+        topics: Topics,
+        cluster: Membership,
+        maintenance: Maintenance,
+        acks: Acks,
+    ) -> None:
+        self.settings = settings
+        self.warehouse = warehouse
+        self._registry = registry
+        self._topics = topics
+        self._cluster = cluster
+        self._maintenance = maintenance
+        self._acks = acks
+        self._open: dict[tuple[str, str], ChannelRuntime] = {}
+        self.pump = Pump(settings.warehouse, self._open)
+        self.closing = False
+
+    def get(self, topic: str, channel: str) -> ChannelRuntime | None:
+        return self._open.get((topic, channel))
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        return key in self._open
+
+    def items(self) -> Iterator[tuple[tuple[str, str], ChannelRuntime]]:
+        return iter(list(self._open.items()))
+
+    # -- serving --------------------------------------------------------------------------
+
+    async def runtime(self, topic: str, channel: str, *, create: bool = False) -> ChannelRuntime:
+        """The channel's runtime on this node: opened if this node may own it, else
+        ``ChannelElsewhereError`` naming the node that does. ``create``: the topic and the
+        channel are created if needed (nsqd's GetTopic + GetChannel)."""
+        runtime = self._open.get((topic, channel))
+        if runtime is not None:
+            return runtime
+        if self.closing:
+            raise QueueError(ErrorCode.EXITING)
+        if create:
+            if topic not in self._topics:
+                await self._topics.create(topic)
+            await self.create(topic, channel)
+        else:
+            await self.known(topic, channel)
+        return await self._adopt(topic, channel)
+
+    async def known(self, topic: str, channel: str) -> None:
+        """CHANNEL_NOT_FOUND unless the channel exists, after reading the registry again if
+        another node may have created it."""
+        nr = self._registry
+        info = nr.registry.topics.get(topic)
+        if info is None or channel not in info.channels:
+            async with nr.admin:
+                await nr.reload_if_moved(True)
+        nr.registry.existing_channel(topic, channel)
+
+    async def _adopt(self, topic: str, channel: str) -> ChannelRuntime:
+        async with self._registry.admin:
+            runtime = self._open.get((topic, channel))
+            if runtime is not None:
+                return runtime
+            self._registry.registry.existing_channel(topic, channel)
+            owner = await asyncio.to_thread(self._cluster.owner, topic, channel)
+            if owner is not None:
+                raise ChannelElsewhereError(owner.http_url, owner.tcp_address)
+            return await self._start(topic, channel)
+
+    async def open_if_ours(
+        self, topic: str, channel: str, nodes: dict[int, NodeRecord] | None = None
+    ) -> bool:
+        """Open the channel if no other live node owns it (taking it); False if one does."""
+        if await asyncio.to_thread(self._cluster.owner, topic, channel, nodes) is not None:
+            return False
+        await self._start(topic, channel)
+        return True
+
+    async def _start(self, topic: str, channel: str) -> ChannelRuntime:
+        key = (topic, channel)
+        runtime = self._open.get(key)
+        if runtime is not None:
+            return runtime
+        runtime = ChannelRuntime(
+            topic,
+            channel,
+            self.warehouse.channel_messages_path(topic, channel),
+            self.warehouse.channel_ledger_path(topic, channel),
+            self.warehouse.channel_dead_path(topic, channel),
+            state_path=self.warehouse.channel_state_path(topic, channel),
+            max_attempts=self.max_attempts(topic, channel),
+            ttl_ms=self._topics.ttl_ms(topic),
+            expired_dead=self.settings.expired_to_dead_letters,
+            scan_leases=self.settings.scan_leases,
+            mem_queue_size=self.settings.mem_queue_size,
+            is_paused=lambda: self._paused(topic, channel),
+            notify=self._acks.committed,
+            on_waiting=self.pump.heat,
+        )
+        await runtime.start()
+        self._open[key] = runtime
+        self.pump.add(runtime)
+        self._maintenance.watch(runtime.ledger_path)
+        return runtime
+
+    async def stop(self, topic: str, channel: str) -> None:
+        """Stop serving the channel here (its tables stay)."""
+        runtime = self._open.pop((topic, channel), None)
+        if runtime is not None:
+            self.pump.forget(runtime)
+            self._maintenance.unwatch(runtime.ledger_path)
+            await runtime.close()
+
+    async def stop_topic(self, topic: str) -> None:
+        for key in [k for k in self._open if k[0] == topic]:
+            await self.stop(*key)
+
+    async def close(self) -> None:
+        self.closing = True
+        self.pump.stop()
+        for runtime in list(self._open.values()):
+            await runtime.close()
+        self._open.clear()
+
+    def wake_all_closed(self) -> None:
+        """The server stops: waiting consumers answer now."""
+        for runtime in self._open.values():
+            runtime.closed = True
+            asyncio.get_running_loop().create_task(runtime.wake())
+
+    def checkpointed(self, path: str) -> None:
+        for runtime in list(self._open.values()):
+            if runtime.ledger_path == path:
+                runtime.request_reopen()
+
+    def _paused(self, topic: str, channel: str) -> bool:
+        info = self._registry.registry.topics.get(topic)
+        state = info.channels.get(channel) if info is not None else None
+        return state is None or state.paused
+
+    def max_attempts(self, topic: str, channel: str) -> int:
+        info = self._registry.registry.existing_channel(topic, channel)
+        return self.settings.max_attempts if info.max_attempts is None else info.max_attempts
+
+    async def settle(
+        self,
+        topic: str,
+        channel: str,
+        kind: EventKind,
+        answers: list[Answer],
+        *,
+        delay_us: int = 0,
+        lease_us: int | None = None,
+    ) -> None:
+        """FIN, REQ or TOUCH the given leases, all or none; durable when this returns."""
+        runtime = await self.runtime(topic, channel)
+        await runtime.settle(
+            kind,
+            answers,
+            delay_us=delay_us,
+            lease_us=lease_us,
+            max_lease_us=self.settings.max_msg_timeout_ms * 1000,
+        )
+
+    async def subscribe(
+        self, topic: str, channel: str, *, limit: int, wait_s: float, lease_us: int, consumer: str
+    ) -> list[Delivery]:
+        runtime = await self.runtime(topic, channel, create=True)
+        return await runtime.sub(limit, wait_s, lease_us, consumer)
+
+    # -- admin ----------------------------------------------------------------------------
+
+    async def create(self, topic: str, channel: str) -> None:
+        """Create ``channel``: it receives every message committed to ``topic`` from now on
+        (and, if it is the topic's only channel, what the topic buffered before it)."""
+        nr = self._registry
+        async with nr.admin:
+            known = nr.registry.topics.get(topic)
+            await nr.reload_if_moved(known is None or channel not in known.channels)
+            info = nr.registry.existing_topic(topic)
+            if channel in info.channels:
+                return
+            cap = self.settings.max_channels_per_topic
+            if cap and len(info.channels) >= cap:
+                raise QueueError(
+                    ErrorCode.E_TOO_MANY_CHANNELS, f"{cap} channels (max_channels_per_topic)"
+                )
+            await self._record_at_topic_version(Action.CHANNEL_CREATE, topic, channel)
+            await self.open_if_ours(topic, channel)
+
+    async def delete(self, topic: str, channel: str) -> None:
+        # On the channel's node: only its owner may stop it and remove its tables.
+        await self.runtime(topic, channel)
+        async with self._registry.admin:
+            self._registry.registry.existing_channel(topic, channel)
+            await self._record_at_topic_version(Action.CHANNEL_DELETE, topic, channel)
+            await self.stop(topic, channel)
+            await asyncio.to_thread(delete_tree, self.warehouse.channel_root(topic, channel))
+            await asyncio.to_thread(self._cluster.forget, topic, channel)
+
+    async def _record_at_topic_version(self, action: Action, topic: str, channel: str) -> None:
+        """Record a channel event stamped with the topic version, with no topic commit between
+        reading that version and committing the event.
+
+        The fanout decides from the registry which channels get a topic version; if a message
+        could be committed after the version was read but before the event, a fanout batch could
+        see the message without the channel, and the channel would miss it.
+        """
+        nr = self._registry
+        writer = await self._topics.writer(topic)
+        shared = not self._cluster.alone
+
+        def record() -> RegistryEvent:
+            info = nr.registry.existing_topic(topic)
+            with writer.exclusive():
+                version = writer.stats().version
+                if shared:
+                    # Other nodes commit to the topic too: from the newest version on.
+                    version = latest_version(writer.path, version)
+                start = version
+                if action is Action.CHANNEL_CREATE:
+                    start = nr.registry.first_channel_start(info, version)
+                event = nr.event(
+                    action,
+                    info.name,
+                    channel,
+                    topic_version=start,
+                    topic_messages=writer.stats().message_count,
+                )
+                nr.store.append(event)
+                return event
+
+        await nr.commit(record)
+
+    async def pause(self, topic: str, channel: str, paused: bool) -> None:
+        await self.runtime(topic, channel)
+        async with self._registry.admin:
+            self._registry.registry.existing_channel(topic, channel)
+            action = Action.CHANNEL_PAUSE if paused else Action.CHANNEL_UNPAUSE
+            await self._registry.record(action, topic, channel)
+        runtime = self._open.get((topic, channel))
+        if runtime is not None and not paused:
+            await runtime.wake()
+
+    async def configure(self, topic: str, channel: str, *, max_attempts: int | None) -> None:
+        """Set the channel's max_attempts (None: back to the settings' default)."""
+        await self.runtime(topic, channel)
+        async with self._registry.admin:
+            info = self._registry.registry.existing_channel(topic, channel)
+            if info.max_attempts != max_attempts:
+                await self._registry.record(
+                    Action.CHANNEL_CONFIGURE,
+                    topic,
+                    channel,
+                    options={"max_attempts": max_attempts},
+                )
+        runtime = self._open.get((topic, channel))
+        if runtime is not None:
+            runtime.set_max_attempts(self.max_attempts(topic, channel))
+
+    def apply_settings(self, topic: str) -> None:
+        """The topic's settings changed: its channels here follow."""
+        for (name, channel), runtime in self.items():
+            if name == topic:
+                runtime.set_ttl(self._topics.ttl_ms(topic))
+                runtime.set_max_attempts(self.max_attempts(topic, channel))
+
+    async def redrive(self, topic: str, channel: str, ids: list[str] | None) -> int:
+        """Dead letters of the channel (``ids``, or all) become ready with attempts reset."""
+        return await (await self.runtime(topic, channel)).redrive(ids)
+
+    async def replay(
+        self, topic: str, channel: str, start: Bound, end: Bound | None, replay_id: str
+    ) -> ReplayResult:
+        """Copies of the topic's messages of a range of versions, for ``channel`` only
+        (queue_engine.replay); returns once they are committed to the topic."""
+        await self.known(topic, channel)
+        writer = self._topics.get(topic) or await self._topics.create(topic)
+        limit = self.settings.max_replay_messages
+        return await asyncio.to_thread(run_replay, writer, channel, start, end, replay_id, limit)
+
+    async def empty(self, topic: str, channel: str) -> int:
+        """Drop every message the channel holds (on its owner); returns how many."""
+        runtime = await self.runtime(topic, channel)
+        async with self._registry.admin:
+            self._registry.registry.existing_channel(topic, channel)
+            await self._registry.record(Action.CHANNEL_EMPTY, topic, channel)
+        return await runtime.empty()
+
+    async def move(self, topic: str, channel: str, lane: int) -> str:
+        """Hand the channel to the live node in ``lane``; returns that node's URL.
+
+        Only the owner may move a channel (elsewhere: ChannelElsewhereError, so the call is
+        redirected to it). The owner stops the channel first, so its last ledger commits land
+        before the claim naming the new owner does; that node then restores the channel from
+        the tables as a restart would. Waiting SUBs answer empty and TCP consumers of the
+        channel are disconnected (as nsqd does when a channel goes); their leases stay in the
+        ledger, so what they hold is FIN'd at the new owner or times out there."""
+        me = self._cluster.me
+        if me is None:
+            await self.runtime(topic, channel)
+        target = await asyncio.to_thread(self._cluster.target, lane)
+        assert me is not None
+        if target.lane == me.lane:
+            await self.runtime(topic, channel)
+            return me.http_url
+        for _ in range(_RACE_RETRIES):
+            await self.runtime(topic, channel)  # elsewhere: redirected to the owner
+            async with self._registry.admin:
+                self._registry.registry.existing_channel(topic, channel)
+                if (topic, channel) not in self._open:
+                    continue  # moved or deleted while this call waited its turn: ask again
+                await self.stop(topic, channel)
+                if not await asyncio.to_thread(self._cluster.hand_over, topic, channel, target):
+                    raise QueueError(
+                        ErrorCode.INTERNAL_ERROR, f"could not hand over {topic}/{channel}"
+                    )
+                log.info("node %d moved channel %s/%s to node %d", me.lane, topic, channel, lane)
+                try:
+                    await self._registry.record(
+                        Action.CHANNEL_MOVE,
+                        topic,
+                        channel,
+                        options={"lane": target.lane, "http_url": target.http_url},
+                    )
+                except Exception:
+                    # The claim is the move; the event only hastens it (the new owner's
+                    # watch finds the claim within ten watch passes otherwise).
+                    log.exception("recording the move of %s/%s failed", topic, channel)
+                return target.http_url
+        raise QueueError(ErrorCode.INTERNAL_ERROR, f"could not move {topic}/{channel}")
+
+    # -- stats ----------------------------------------------------------------------------
+
+    def fanned(self, topic: str, channels: Iterable[str]) -> int:
+        """The newest topic version the fanout put in any of ``channels`` served here."""
+        return max(
+            (
+                runtime.fanned_topic_version
+                for name in channels
+                if (runtime := self._open.get((topic, name))) is not None
+            ),
+            default=-1,
+        )
+
+    def stats(self, topic: str, channel: str, paused: bool) -> ChannelStats:
+        runtime = self._open.get((topic, channel))
+        if runtime is None:
+            return ChannelStats(
+                name=channel, paused=paused, node=self._cluster.elsewhere.get((topic, channel))
+            )
+        counts = runtime.counts()
+        return ChannelStats(
+            name=channel,
+            paused=paused,
+            depth=counts.depth,
+            in_flight_count=counts.in_flight_count,
+            deferred_count=counts.deferred_count,
+            message_count=counts.message_count,
+            requeue_count=counts.requeue_count,
+            timeout_count=counts.timeout_count,
+            clients=tuple(counts.clients),
+            fanned_topic_version=runtime.fanned_topic_version,
+            finish_count=counts.finish_count,
+            dead_count=counts.dead_count,
+            expired_count=counts.expired_count,
+            max_attempts=runtime.max_attempts,
+            table_version=counts.table_version,
+            ledger_version=counts.ledger_version,
+            node=self._cluster.url,
+        )

@@ -1,0 +1,296 @@
+"""The topics of one node (nsqd's ``Topic``s): a group-commit writer each, and publishing.
+
+A topic is a Delta table; this node appends to it through one ``TopicWriter`` (queue_engine.store
+.writer), opened when the node starts or first uses the topic. Admin changes are registry events
+(queue_engine.node_registry), committed before they are applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from queue_engine.acks import Acks
+from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.metrics import PUBLISH_SECONDS
+from queue_engine.node_registry import NodeRegistry
+from queue_engine.registry import Action, TopicInfo
+from queue_engine.settings import AckMode, Settings
+from queue_engine.stats import ChannelStats, TopicStats, percentile_ms
+from queue_engine.store.commit_log import latest_version
+from queue_engine.store.maintenance import Maintenance
+from queue_engine.store.notices import NoticeWriter, topic_writer
+from queue_engine.store.tables import Warehouse, delete_tree
+from queue_engine.store.writer import CommitStats, TopicWriter, WriterClosedError
+
+# How often a node posts the topics it committed to (while it commits), and how much of that
+# a notice keeps: ~5 s of posts, so a fanout trigger slower than that probes every topic.
+TOPIC_NOTICE_S = 0.1
+TOPIC_NOTICE_BATCHES = 50
+TOPIC_NOTICE_TOPICS = 10_000
+
+
+class Topics:
+    def __init__(
+        self,
+        settings: Settings,
+        warehouse: Warehouse,
+        registry: NodeRegistry,
+        maintenance: Maintenance,
+        acks: Acks,
+        *,
+        lane: int | None,
+    ) -> None:
+        self.settings = settings
+        self.warehouse = warehouse
+        self._registry = registry
+        self._maintenance = maintenance
+        self._acks = acks
+        self._lane = lane
+        self._writers: dict[str, TopicWriter] = {}
+        # Topics committed to since the last topic notice (writer threads add, the loop posts).
+        self._written: set[str] = set()
+        self._written_lock = threading.Lock()
+        self._notices: NoticeWriter | None = None
+        self._notice_task: asyncio.Task[None] | None = None
+        self.closing = False
+
+    # -- writers --------------------------------------------------------------------------
+
+    def get(self, name: str) -> TopicWriter | None:
+        return self._writers.get(name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._writers
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._writers))
+
+    def open(self, name: str) -> TopicWriter:
+        """Open the topic's writer (blocking)."""
+        writer = TopicWriter(
+            self.warehouse.topic_path(name),
+            functools.partial(self._committed, name),
+            commit_max_bytes=self.settings.commit_max_bytes,
+            name=name,
+            id_lane=self._lane or 0,
+        )
+        self._writers[name] = writer
+        self._maintenance.watch(writer.path)
+        return writer
+
+    async def writer(self, name: str) -> TopicWriter:
+        """The topic's writer, opened if this node has none yet (a topic another node created
+        has none here until this node uses it). With ``admin`` held."""
+        writer = self._writers.get(name)
+        if writer is None:
+            writer = await asyncio.to_thread(self.open, name)
+        return writer
+
+    async def drop(self, name: str) -> None:
+        """Stop the topic's writer (deleted, or replaced by another node)."""
+        writer = self._writers.pop(name, None)
+        if writer is not None:
+            self._maintenance.unwatch(writer.path)
+            await asyncio.to_thread(writer.close)
+
+    async def close(self) -> None:
+        """Commit everything pending, then stop every writer."""
+        self.closing = True
+        if self._notice_task is not None:
+            self._notice_task.cancel()
+        writers = list(self._writers.values())
+        self._writers.clear()
+        await asyncio.to_thread(_close_all, writers)
+
+    def checkpointed(self, path: str) -> None:
+        for writer in list(self._writers.values()):
+            if writer.path == path:
+                writer.request_reopen()
+
+    # -- publishing -----------------------------------------------------------------------
+
+    async def publish(
+        self,
+        topic: str,
+        bodies: list[bytes],
+        defer_ms: int | None = None,
+        ttl_ms: int | None = None,
+    ) -> None:
+        """Append ``bodies`` to ``topic`` (created if needed); return once acknowledged.
+
+        ``ttl_ms``: the messages are not delivered that long after publishing (it replaces the
+        topic's TTL for them).
+
+        With ``ack = "commit"`` that is after the Delta commit holding them succeeded; with
+        ``ack = "buffer"`` once they are queued for the next commit (unless the buffer is full,
+        then the publisher waits for the commit: backpressure).
+        """
+        if self.closing:
+            raise QueueError(ErrorCode.EXITING)
+        started = time.perf_counter()
+        writer = self._writers.get(topic) or await self.create(topic)
+        refusal = writer.refusal()
+        if refusal is not None:
+            raise QueueError(ErrorCode.E_TABLE_REFUSED, refusal.reason)
+        published_at_us = time.time_ns() // 1000
+        deliver_at_us = published_at_us + defer_ms * 1000 if defer_ms else None
+        expires_at_us = published_at_us + ttl_ms * 1000 if ttl_ms else None
+        wait = (
+            self.settings.ack is AckMode.COMMIT
+            or writer.pending_bytes >= self.settings.buffer_max_bytes
+        )
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] | None = loop.create_future() if wait else None
+        try:
+            writer.submit_publish(bodies, published_at_us, deliver_at_us, future, expires_at_us)
+        except WriterClosedError as exc:
+            raise QueueError(ErrorCode.EXITING, str(exc)) from exc
+        if future is not None:
+            await future
+        PUBLISH_SECONDS.labels(topic).observe(time.perf_counter() - started)
+
+    def _committed(self, name: str, tokens: list[Any], error: BaseException | None) -> None:
+        if error is None:
+            with self._written_lock:
+                self._written.add(name)
+        self._acks.committed(tokens, error)
+
+    def start_notices(self) -> None:
+        self._notice_task = asyncio.get_running_loop().create_task(self._post_notices())
+
+    async def _post_notices(self) -> None:
+        """Tell the fanout which topics got commits, every TOPIC_NOTICE_S while any do: over
+        many topics it probes those instead of every topic's log."""
+        self._notices = await asyncio.to_thread(
+            NoticeWriter,
+            self.settings.warehouse,
+            topic_writer(self._lane),
+            keep_batches=TOPIC_NOTICE_BATCHES,
+            keep_channels=TOPIC_NOTICE_TOPICS,
+        )
+        while True:
+            await asyncio.sleep(TOPIC_NOTICE_S)
+            with self._written_lock:
+                written, self._written = self._written, set()
+            if written:
+                # post() never raises: a lost notice costs the fanout latency, not messages.
+                await asyncio.to_thread(self._notices.post, [(t, "") for t in written])
+
+    # -- admin ----------------------------------------------------------------------------
+
+    async def create(self, name: str) -> TopicWriter:
+        """The topic's writer; the topic is created if it does not exist (nsqd's GetTopic)."""
+        nr = self._registry
+        async with nr.admin:
+            writer = self._writers.get(name)
+            if writer is not None:
+                return writer
+            await nr.reload_if_moved(name not in nr.registry.topics)
+            if name not in nr.registry.topics:
+                cap = self.settings.max_topics
+                if cap and len(nr.registry.topics) >= cap:
+                    raise QueueError(ErrorCode.E_TOO_MANY_TOPICS, f"{cap} topics (max_topics)")
+                await nr.record(Action.TOPIC_CREATE, name)
+            return await asyncio.to_thread(self.open, name)
+
+    async def remove(self, name: str) -> None:
+        """After its delete is recorded and its channels here are stopped: stop the topic's
+        writer and remove its tables."""
+        await self.drop(name)
+        await asyncio.to_thread(delete_tree, self.warehouse.topic_path(name))
+        await asyncio.to_thread(delete_tree, self.warehouse.channels_root(name))
+
+    async def pause(self, name: str, paused: bool) -> None:
+        nr = self._registry
+        async with nr.admin:
+            await nr.reload_if_moved(name not in nr.registry.topics)
+            nr.registry.existing_topic(name)
+            await nr.record(Action.TOPIC_PAUSE if paused else Action.TOPIC_UNPAUSE, name)
+
+    async def empty(self, name: str, *, shared: bool) -> None:
+        """nsqd's /topic/empty: what no channel took yet is dropped (``shared``: other nodes
+        commit to the topic too)."""
+        nr = self._registry
+        async with nr.admin:
+            await nr.reload_if_moved(name not in nr.registry.topics)
+            nr.registry.existing_topic(name)
+            writer = await self.writer(name)
+            stats = writer.stats()
+            version = stats.version
+            if shared:
+                # Other nodes commit to the topic too: empty up to the newest version.
+                version = await asyncio.to_thread(latest_version, writer.path, version)
+            await nr.record(
+                Action.TOPIC_EMPTY,
+                name,
+                topic_version=version,
+                topic_messages=stats.message_count,
+            )
+
+    async def configure(self, name: str, options: dict[str, Any]) -> None:
+        """Change the topic's settings named in ``options`` (``ttl_ms``, ``retention_hours``,
+        ``retention``; a None value: back to the settings' default). Recorded only if
+        something changes."""
+        nr = self._registry
+        async with nr.admin:
+            await nr.reload_if_moved(name not in nr.registry.topics)
+            info = nr.registry.existing_topic(name)
+            changed = {k: v for k, v in options.items() if getattr(info, k) != v}
+            if changed:
+                await nr.record(Action.TOPIC_CONFIGURE, name, options=changed)
+
+    def ttl_ms(self, name: str) -> int:
+        info = self._registry.registry.existing_topic(name)
+        return self.settings.message_ttl_ms if info.ttl_ms is None else info.ttl_ms
+
+    # -- stats ----------------------------------------------------------------------------
+
+    def writer_stats(self, name: str) -> CommitStats:
+        writer = self._writers.get(name)
+        if writer is None:
+            return CommitStats(
+                version=-1, message_count=0, commits=0, committed_messages=0, committed_bytes=0
+            )
+        return writer.stats()
+
+    def stats(self, info: TopicInfo, channels: list[ChannelStats], fanned: int) -> TopicStats:
+        """nsqd's figures of one topic. ``fanned``: the newest topic version the fanout put in
+        any of its channels (-1: none)."""
+        stats = self.writer_stats(info.name)
+        writer = self._writers.get(info.name)
+        durations = sorted(writer.commit_seconds) if writer is not None else []
+        refusal = writer.refusal() if writer is not None else None
+        return TopicStats(
+            name=info.name,
+            paused=info.paused,
+            depth=self._depth(info, stats, fanned),
+            message_count=stats.message_count,
+            message_bytes=stats.committed_bytes,
+            commits=stats.commits,
+            version=stats.version,
+            channels=channels,
+            commit_p50_ms=percentile_ms(durations, 0.50),
+            commit_p99_ms=percentile_ms(durations, 0.99),
+            refused=refusal.reason if refusal is not None else None,
+            data_version=stats.data_version,
+        )
+
+    def _depth(self, info: TopicInfo, stats: CommitStats, fanned: int) -> int:
+        """Messages no channel has taken yet (nsqd's topic depth): those committed after the
+        newest topic version the fanout has put in any of the topic's channels, and after the
+        last /topic/empty. A topic without channels keeps everything (nsqd buffers them)."""
+        writer = self._writers.get(info.name)
+        if writer is None:
+            return 0
+        taken = writer.messages_through(fanned) if fanned >= 0 else 0
+        return max(0, stats.message_count - max(taken, info.empty_message_count))
+
+
+def _close_all(writers: list[TopicWriter]) -> None:
+    for writer in writers:
+        writer.close()
