@@ -202,3 +202,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+    # The files with slow tests first: run in parallel (pytest-xdist, a file per worker at a
+    # time), the long ones then overlap each other and the quick files fill the gaps at the
+    # end, instead of one long file running alone last.
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)

@@ -11,11 +11,13 @@ starts without them and says so once; deltaq's Python Data Source over delta-rs
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -188,7 +190,23 @@ def _build_session(
             # count of an empty table took ~4 s, an ALTER TABLE ~5 s (~0.6 s with 2).
             builder = builder.config("spark.databricks.delta.snapshotPartitions", "2")
     wanted = _maven_packages(delta_spark, packages)
-    jars = _cached_jars(wanted)
+    with _resolving(wanted) as jars:
+        spark = _start(builder, wanted, jars, connect_port, quiet=quiet)
+    register(spark)
+    log.info(
+        "Spark %s (%s); Delta engine: %s", spark.version, spark.sparkContext.master, engine(spark)
+    )
+    return spark
+
+
+def _start(
+    builder: SparkSession.Builder,
+    wanted: Sequence[str],
+    jars: list[str] | None,
+    connect_port: int | None,
+    *,
+    quiet: bool,
+) -> SparkSession:
     if wanted and not _inside_spark_submit():
         # spark-submit resolves its --packages itself, before this driver runs.
         if jars is not None:
@@ -204,10 +222,6 @@ def _build_session(
     spark = _with_jvm_stderr_to_file(builder) if quiet else builder.getOrCreate()
     if wanted and jars is None and not _inside_spark_submit():
         _remember_jars(wanted, spark.sparkContext.getConf().get("spark.jars", ""))
-    register(spark)
-    log.info(
-        "Spark %s (%s); Delta engine: %s", spark.version, spark.sparkContext.master, engine(spark)
-    )
     return spark
 
 
@@ -237,6 +251,31 @@ def _jars_list(wanted: Sequence[str]) -> Path:
     key = hashlib.sha256(",".join(wanted).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "deltaq" / f"spark-jars-{key}.txt"
+
+
+@contextlib.contextmanager
+def _resolving(wanted: Sequence[str]) -> Iterator[list[str] | None]:
+    """The jars resolved for ``wanted`` before (None: Ivy resolves them now). While Ivy
+    resolves, other processes of this machine wait for it: two Ivy resolutions into one cache
+    at once can leave each other's files half-written (several sessions start together under
+    a parallel test run, or two ``deltaq up``)."""
+    jars = _cached_jars(wanted)
+    if jars is not None or not wanted or _inside_spark_submit():
+        yield jars
+        return
+    lock = _jars_list(wanted).with_suffix(".lock")
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError:
+        yield None
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        # Another process may have resolved them while this one waited.
+        yield _cached_jars(wanted)
+    finally:
+        os.close(fd)
 
 
 def _cached_jars(wanted: Sequence[str]) -> list[str] | None:
