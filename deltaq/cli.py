@@ -83,8 +83,9 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--ack",
-        choices=["commit", "buffer"],
-        help="answer /pub after the Delta commit (commit, the default) or once buffered",
+        choices=["journal", "commit", "buffer"],
+        help="answer publishes once the node journal holds them (journal, the default), after "
+        "the topic's Delta commit (commit), or once buffered in memory (buffer)",
     )
 
 

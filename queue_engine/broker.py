@@ -14,6 +14,7 @@ import asyncio
 import collections
 import logging
 import time
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -27,8 +28,9 @@ from queue_engine.names import path_segment
 from queue_engine.node_registry import NodeRegistry
 from queue_engine.registry import Action, Registry
 from queue_engine.replay import Bound, ReplayResult
-from queue_engine.settings import Settings
+from queue_engine.settings import AckMode, Settings
 from queue_engine.stats import TopicStats
+from queue_engine.store.journal import journal_tokens
 from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
 from queue_engine.store.nodes import Node, NodeRecord
 from queue_engine.store.tables import Warehouse, delete_tree, list_dirs
@@ -101,6 +103,9 @@ class Broker:
         self._loop = asyncio.get_running_loop()
         self._acks.loop = self._loop
         nodes = await asyncio.to_thread(self._start_blocking)
+        if self.settings.ack is AckMode.JOURNAL:
+            me = self.cluster.me
+            self.topics.start_journal(me.token if me is not None else uuid.uuid4().hex)
         deadline = time.monotonic() + self.settings.startup_open_budget_s
         topics = collections.deque(self.registry.topics)
         channels = collections.deque(
@@ -136,10 +141,23 @@ class Broker:
         """Returns the live nodes as read at start."""
         self.maintenance.watch(self.warehouse.registry_path)
         self._registry.load()
+        journals = journal_tokens(self.settings.warehouse)
         nodes = self.cluster.live()
         if self.node is None or set(nodes) == {self.node.lane}:
             self._remove_orphan_directories()
+        self._recover_journals(journals, nodes)
         return nodes
+
+    def _recover_journals(self, tokens: list[str], nodes: dict[int, NodeRecord]) -> None:
+        """Commit what the journals of processes that are gone hold (blocking): at start
+        before any publish is taken, and when the watch sees a node die."""
+        for token in self.cluster.dead_journals(tokens, nodes):
+            try:
+                self.topics.recover(token)
+            except Exception:
+                log.exception("recovering journal %s failed (tried again later)", token)
+                continue
+            self.cluster.journal_recovered(token)
 
     def _remove_orphan_directories(self) -> None:
         """A delete is committed to the registry before its directories are removed; a crash
@@ -433,9 +451,18 @@ class Broker:
                     await self.refresh_registry()
                 nodes = await asyncio.to_thread(self.cluster.live)
                 if self.cluster.seen(nodes) or passes % 10 == 0:
+                    await self._recover_dead_journals()
                     await self._take_over(nodes)
             except Exception:
                 log.exception("watching the warehouse's nodes failed (retrying)")
+
+    async def _recover_dead_journals(self) -> None:
+        """Journals of processes that died while other nodes ran (under ``admin``: a topic's
+        writer is opened once)."""
+        journals = await asyncio.to_thread(journal_tokens, self.settings.warehouse)
+        nodes = await asyncio.to_thread(self.cluster.live)  # read after the journals
+        async with self._registry.admin:
+            await asyncio.to_thread(self._recover_journals, journals, nodes)
 
     async def _take_over(self, nodes: dict[int, NodeRecord]) -> None:
         """Open the channels no live node owns; note where the others are served."""

@@ -15,6 +15,8 @@ from queue_engine.store.ownership import Ownership
 
 log = logging.getLogger(__name__)
 
+JOURNAL_CLAIMS_DIR = "_deltaq/journal_claims"
+
 # A channel claim that raced another node's is decided again this many times.
 _RACE_RETRIES = 20
 
@@ -26,6 +28,8 @@ class Membership:
         self.node = node
         self._directory = NodeDirectory(warehouse) if node is not None else None
         self._ownership = Ownership(warehouse) if node is not None else None
+        # Claims of dead processes' journals: one node recovers each.
+        self._journals = Ownership(warehouse, JOURNAL_CLAIMS_DIR) if node is not None else None
         # Live nodes (lane -> token) as last seen, to notice one dying.
         self._seen: dict[int, str] = {}
         # Channels other nodes own, and where (for /stats and redirects).
@@ -116,6 +120,29 @@ class Membership:
         """The claims of a deleted topic (every channel) or channel (blocking)."""
         if self._ownership is not None:
             self._ownership.forget(topic, channel)
+
+    def dead_journals(self, tokens: list[str], nodes: dict[int, NodeRecord]) -> list[str]:
+        """Of the journals named by ``tokens`` (read before ``nodes``), those of processes that
+        are gone and that this node may recover now: alone, every one but its own; with other
+        nodes, those it claimed (a claim as a channel's: another live node's claim wins)."""
+        me = self.me
+        live = {n.token for n in nodes.values()} | ({me.token} if me is not None else set())
+        dead = [t for t in tokens if t not in live]
+        if self._journals is None or me is None:
+            return dead
+        mine = []
+        for token in dead:
+            claim = self._journals.current(token, "journal")
+            holder = claim.held_by(nodes) if claim is not None else None
+            if holder is not None and holder.token != me.token:
+                continue
+            if (holder is not None) or self._journals.claim(token, "journal", claim, me):
+                mine.append(token)
+        return mine
+
+    def journal_recovered(self, token: str) -> None:
+        if self._journals is not None:
+            self._journals.forget(token)
 
     def log_taken_back(self) -> None:
         if self._taken_back:

@@ -53,7 +53,10 @@ class TlsMinVersion(StrEnum):
 class AckMode(StrEnum):
     """When /pub and /mpub answer OK."""
 
-    # After the Delta commit holding the message succeeded: it survives kill -9. The default.
+    # Once the node journal holds it (fsync'd on local disk; one object per write on an object
+    # store), before the topic's Delta commit: it survives kill -9 and power loss. The default.
+    JOURNAL = "journal"
+    # After the Delta commit holding the message succeeded: it survives kill -9.
     COMMIT = "commit"
     # As soon as the message is in the commit buffer (nsqd's guarantee: in memory); it is
     # committed within milliseconds, but a crash in between loses it.
@@ -173,7 +176,7 @@ class Settings(BaseSettings):
     # write an s3a:// fanout checkpoint itself. spark-submit's own --packages apply there.
     spark_packages: list[str] = Field(default_factory=list)
     # Publishing.
-    ack: AckMode = AckMode.COMMIT
+    ack: AckMode = AckMode.JOURNAL
     # One commit carries at most this many body bytes; more waiting goes in the next commit.
     commit_max_bytes: int = 64 * 1024 * 1024
     # In ack=buffer mode, publishers wait for the commit once this much is buffered (backpressure).

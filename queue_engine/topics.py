@@ -8,10 +8,13 @@ A topic is a Delta table; this node appends to it through one ``TopicWriter`` (q
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
+import logging
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from queue_engine.acks import Acks
@@ -21,17 +24,35 @@ from queue_engine.node_registry import NodeRegistry
 from queue_engine.registry import Action, TopicInfo
 from queue_engine.settings import AckMode, Settings
 from queue_engine.stats import ChannelStats, TopicStats, percentile_ms
+from queue_engine.store.append import ConstraintViolation
 from queue_engine.store.commit_log import latest_version
+from queue_engine.store.journal import (
+    Journal,
+    JournalClosedError,
+    app_id,
+    read_journal,
+    remove_journal,
+)
+from queue_engine.store.journal_format import Record
 from queue_engine.store.maintenance import Maintenance
 from queue_engine.store.notices import NoticeWriter, topic_writer
 from queue_engine.store.tables import Warehouse, delete_tree
 from queue_engine.store.writer import CommitStats, TopicWriter, WriterClosedError
+
+log = logging.getLogger(__name__)
 
 # How often a node posts the topics it committed to (while it commits), and how much of that
 # a notice keeps: ~5 s of posts, so a fanout trigger slower than that probes every topic.
 TOPIC_NOTICE_S = 0.1
 TOPIC_NOTICE_BATCHES = 50
 TOPIC_NOTICE_TOPICS = 10_000
+
+
+@dataclass(frozen=True)
+class _Journaled:
+    """The token of a journaled publish in its topic writer: its journal position."""
+
+    position: int
 
 
 class Topics:
@@ -57,6 +78,8 @@ class Topics:
         self._written_lock = threading.Lock()
         self._notices: NoticeWriter | None = None
         self._notice_task: asyncio.Task[None] | None = None
+        # The node journal (ack = "journal"), once started.
+        self.journal: Journal | None = None
         self.closing = False
 
     # -- writers --------------------------------------------------------------------------
@@ -78,6 +101,7 @@ class Topics:
             commit_max_bytes=self.settings.commit_max_bytes,
             name=name,
             id_lane=self._lane or 0,
+            journal_app_id=self.journal.app_id if self.journal is not None else None,
         )
         self._writers[name] = writer
         self._maintenance.watch(writer.path)
@@ -103,9 +127,13 @@ class Topics:
         self.closing = True
         if self._notice_task is not None:
             self._notice_task.cancel()
+        await asyncio.to_thread(self.stop_journal)
         writers = list(self._writers.values())
         self._writers.clear()
         await asyncio.to_thread(_close_all, writers)
+        if self.journal is not None:
+            # Everything journaled is committed now, unless a commit kept failing.
+            await asyncio.to_thread(self.journal.remove_if_drained)
 
     def checkpointed(self, path: str) -> None:
         for writer in list(self._writers.values()):
@@ -140,11 +168,24 @@ class Topics:
         published_at_us = time.time_ns() // 1000
         deliver_at_us = published_at_us + defer_ms * 1000 if defer_ms else None
         expires_at_us = published_at_us + ttl_ms * 1000 if ttl_ms else None
-        wait = (
-            self.settings.ack is AckMode.COMMIT
-            or writer.pending_bytes >= self.settings.buffer_max_bytes
-        )
         loop = asyncio.get_running_loop()
+        mode = self.settings.ack
+        backlog = writer.pending_bytes >= self.settings.buffer_max_bytes
+        journal = self.journal
+        if mode is AckMode.JOURNAL and journal is not None and not backlog and not writer.validates:
+            durable: asyncio.Future[None] = loop.create_future()
+            try:
+                journal.append(
+                    topic, bodies, published_at_us, deliver_at_us, expires_at_us, durable
+                )
+            except JournalClosedError as exc:
+                raise QueueError(ErrorCode.EXITING, str(exc)) from exc
+            await durable
+            PUBLISH_SECONDS.labels(topic).observe(time.perf_counter() - started)
+            return
+        # ack = "commit"; or the topic's writer is behind by buffer_max_bytes (backpressure);
+        # or only the commit can tell whether the table takes the rows (``validates``).
+        wait = mode is not AckMode.BUFFER or backlog
         future: asyncio.Future[None] | None = loop.create_future() if wait else None
         try:
             writer.submit_publish(bodies, published_at_us, deliver_at_us, future, expires_at_us)
@@ -158,7 +199,86 @@ class Topics:
         if error is None:
             with self._written_lock:
                 self._written.add(name)
+        journaled = [t.position for t in tokens if isinstance(t, _Journaled)]
+        if journaled:
+            tokens = [t for t in tokens if not isinstance(t, _Journaled)]
+            if isinstance(error, ConstraintViolation):
+                # Acknowledged before a constraint that refuses them was added to the table.
+                log.error("dropped %d journaled publishes to %s: %s", len(journaled), name, error)
+            if (error is None or isinstance(error, ConstraintViolation)) and self.journal:
+                self.journal.drained(journaled)
+            # Else the node stops with them uncommitted: the journal keeps them.
+        if tokens:
+            self._acks.committed(tokens, error)
+
+    # -- the node journal -------------------------------------------------------------------
+
+    def start_journal(self, token: str) -> None:
+        """Journal publishes from now on (ack = "journal")."""
+        self.journal = Journal(self.settings.warehouse, token, self._durable)
+
+    def _durable(
+        self, records: list[Record], tokens: list[Any], error: BaseException | None
+    ) -> None:
+        """The journal's thread: a write is durable (or failed). Acknowledge its publishes and
+        hand them to their topics' writers."""
+        journal = self.journal
+        assert journal is not None
+        if error is None:
+            gone = []
+            for record in records:
+                writer = self._writers.get(record.topic)
+                try:
+                    if writer is None:
+                        raise WriterClosedError(record.topic)
+                    writer.submit_publish(
+                        record.bodies,
+                        record.published_at_us,
+                        record.deliver_at_us,
+                        _Journaled(record.position),
+                        record.expires_at_us,
+                        position=record.position,
+                    )
+                except WriterClosedError:
+                    # Deleted since (dropped with its topic, as nsqd drops them); or the node
+                    # stops (kept: the next start commits it).
+                    if record.topic not in self._registry.registry.topics:
+                        gone.append(record.position)
+            if gone:
+                journal.drained(gone)
         self._acks.committed(tokens, error)
+
+    def recover(self, token: str) -> int:
+        """Commit what the journal of a stopped process (``token``) holds and its topics' tables
+        do not, then remove the journal (blocking). Returns how many messages were committed."""
+        recovered = read_journal(self.settings.warehouse, token)
+        for line in recovered.torn:
+            log.warning("journal: %s (every publish before it is kept)", line)
+        by_topic: dict[str, list[Record]] = collections.defaultdict(list)
+        for record in recovered.records:
+            by_topic[record.topic].append(record)
+        committed = dropped = 0
+        for topic, records in by_topic.items():
+            if topic not in self._registry.registry.topics:
+                dropped += len(records)
+                continue
+            writer = self._writers.get(topic) or self.open(topic)
+            committed += writer.commit_recovered(records, app_id(token))
+        remove_journal(self.settings.warehouse, token)
+        if recovered.records:
+            log.info(
+                "journal %s recovered: %d publishes, %d messages committed, %d of deleted topics",
+                token,
+                len(recovered.records),
+                committed,
+                dropped,
+            )
+        return committed
+
+    def stop_journal(self) -> None:
+        """Write what the journal has queued and stop it (blocking)."""
+        if self.journal is not None:
+            self.journal.close()
 
     def start_notices(self) -> None:
         self._notice_task = asyncio.get_running_loop().create_task(self._post_notices())
@@ -268,8 +388,8 @@ class Topics:
         return TopicStats(
             name=info.name,
             paused=info.paused,
-            depth=self._depth(info, stats, fanned),
-            message_count=stats.message_count,
+            depth=self._depth(info, stats, fanned) + stats.queued,
+            message_count=stats.message_count + stats.queued,
             message_bytes=stats.committed_bytes,
             commits=stats.commits,
             version=stats.version,

@@ -147,6 +147,23 @@ def read_topic(warehouse: Path, topic: str) -> pa.Table:
     return DeltaTable(str(warehouse / "topics" / topic.replace("#", "@"))).to_pyarrow_table()
 
 
+def topic_rows(warehouse: Path, topic: str, at_least: int, timeout_s: float = 10.0) -> pa.Table:
+    """The topic's table once it holds ``at_least`` rows: an acknowledged publish is in the
+    node journal first, in the table milliseconds later (ack = "journal")."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            table = read_topic(warehouse, topic)
+        except Exception:  # not created yet
+            table = None
+        if table is not None and table.num_rows >= at_least:
+            return table
+        if time.monotonic() > deadline:
+            rows = table.num_rows if table is not None else "no table"
+            raise AssertionError(f"topic {topic}: {rows} rows after {timeout_s} s, not {at_least}")
+        time.sleep(0.02)
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """One local SparkSession for the whole test session (Spark starts in ~6 s)."""

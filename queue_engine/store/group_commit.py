@@ -15,6 +15,7 @@ do not mean ten thousand threads).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -45,6 +46,9 @@ log = logging.getLogger(__name__)
 Notify = Callable[[list[Any], BaseException | None], None]
 
 T = TypeVar("T")
+
+# The longest pause between retries of a commit of acknowledged publishes.
+_RETRY_MAX_S = 5.0
 
 # How often a refused table is judged again (the feature may have been dropped since).
 REJUDGE_REFUSED_S = 10.0
@@ -183,34 +187,56 @@ class GroupCommitter(ABC, Generic[T]):
         commit goes to the back of the pool's queue (busy tables take turns)."""
         with self._cond:
             batch = self._take_batch()
-        error: BaseException | None = None
         started = time.perf_counter()
-        try:
-            with self._commit_lock:
-                self._commit([s.item for s in batch])
-        except ConstraintViolation as exc:
-            if len(batch) == 1:
-                error = exc
-            else:
-                # One submission's rows broke a constraint of the table: the others must not
-                # fail with it. Each is committed alone.
-                self._commit_one_by_one(batch)
-                batch = []
-        except TableRefusedError as exc:
-            error = exc
-        except BaseException as exc:  # reported to every submitter of the batch
-            log.exception("commit to %s failed (%d submissions)", self.path, len(batch))
-            error = exc
+        for attempt in itertools.count():
+            error = self._commit_batch(batch)
+            if error is None or batch == [] or not self._must_land([s.item for s in batch]):
+                break
+            if isinstance(error, ConstraintViolation) or self._closed:
+                # Never committable, or the process stops: what was acknowledged stays in
+                # the node journal (recovered at the next start) unless the table refuses it.
+                break
+            # Acknowledged already (journaled): retried in order, nothing after it commits first.
+            time.sleep(min(_RETRY_MAX_S, 0.1 * 2**attempt))
         elapsed = time.perf_counter() - started
         self.commit_seconds.append(elapsed)
         if self._histogram is not None:
             self._histogram.observe(elapsed)
         if batch:
+            if error is not None:
+                self._dropped([s.item for s in batch])
             self._notify([s.token for s in batch], error)
         with self._cond:
             self._draining = False
             self._schedule()
             self._cond.notify_all()
+
+    def _commit_batch(self, batch: list[_Submission[T]]) -> BaseException | None:
+        """Commit ``batch``; the error if it failed. A batch one of whose submissions broke a
+        constraint is committed one submission at a time (each notified) and emptied."""
+        try:
+            with self._commit_lock:
+                self._commit([s.item for s in batch])
+        except ConstraintViolation as exc:
+            if len(batch) == 1:
+                return exc
+            # One submission's rows broke a constraint of the table: the others must not
+            # fail with it. Each is committed alone.
+            self._commit_one_by_one(batch)
+            batch.clear()
+        except TableRefusedError as exc:
+            return exc
+        except BaseException as exc:  # reported to every submitter of the batch
+            log.exception("commit to %s failed (%d submissions)", self.path, len(batch))
+            return exc
+        return None
+
+    def _dropped(self, items: list[T]) -> None:
+        """``items`` will not be committed (their commit failed; submitters were told)."""
+
+    def _must_land(self, items: list[T]) -> bool:
+        """Whether a failed commit of ``items`` is retried: they were acknowledged before it."""
+        return False
 
     def _commit_one_by_one(self, batch: list[_Submission[T]]) -> None:
         for submission in batch:
@@ -220,6 +246,7 @@ class GroupCommitter(ABC, Generic[T]):
                     self._commit([submission.item])
             except BaseException as exc:
                 error = exc
+                self._dropped([submission.item])
             self._notify([submission.token], error)
 
     def _take_batch(self) -> list[_Submission[T]]:

@@ -49,12 +49,15 @@ class Claim:
 class Ownership:
     """Claims of the channels of one warehouse."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, directory: str = OWNERS_DIR) -> None:
+        """``directory``: where under the warehouse the claims live (another directory for
+        things claimed the same way, such as a dead node's journal)."""
         self.root = root.rstrip("/") if is_remote(root) else os.path.abspath(root)
         self._remote = is_remote(root)
+        self._directory = directory
 
     def _dir(self, topic: str, channel: str) -> str:
-        return f"{self.root}/{OWNERS_DIR}/{path_segment(topic)}/{path_segment(channel)}"
+        return f"{self.root}/{self._directory}/{path_segment(topic)}/{path_segment(channel)}"
 
     def current(self, topic: str, channel: str) -> Claim | None:
         """The newest claim of the channel (None: never claimed)."""
@@ -91,7 +94,7 @@ class Ownership:
 
     def forget(self, topic: str, channel: str | None = None) -> None:
         """Remove the claims of a deleted channel (or of every channel of a deleted topic)."""
-        base = f"{self.root}/{OWNERS_DIR}/{path_segment(topic)}"
+        base = f"{self.root}/{self._directory}/{path_segment(topic)}"
         delete_tree(base if channel is None else f"{base}/{path_segment(channel)}")
 
     # -- storage ---------------------------------------------------------------------------

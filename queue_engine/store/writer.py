@@ -20,9 +20,11 @@ from deltalake.transaction import Transaction
 
 from queue_engine.message import LANES, IdAllocator, id_from_hex
 from queue_engine.metrics import TOPIC_COMMIT_SECONDS
+from queue_engine.store.append import DeltaRsAppender
 from queue_engine.store.commit_log import messages_added
 from queue_engine.store.group_commit import GroupCommitter, Notify, WriterClosedError
 from queue_engine.store.ids import hex_id_array
+from queue_engine.store.journal_format import Record
 from queue_engine.store.tables import TOPIC_SCHEMA, open_or_create
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,8 @@ class _Publish:
     published_at_us: int
     deliver_at_us: int | None
     expires_at_us: int | None = None
+    # The publish's position in the node journal (None: not journaled).
+    position: int | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ class CommitStats:
     committed_bytes: int
     # The newest version known to have added messages (-1: none since open, or none at all).
     data_version: int = -1
+    # Messages submitted (acknowledged, with ack = "journal" or "buffer") and not committed yet.
+    queued: int = 0
 
 
 class TopicWriter(GroupCommitter[_Publish]):
@@ -64,8 +70,12 @@ class TopicWriter(GroupCommitter[_Publish]):
         fast_appends: bool = True,
         name: str = "",
         id_lane: int = 0,
+        journal_app_id: str | None = None,
     ) -> None:
         dt = open_or_create(path, TOPIC_SCHEMA)
+        # Commits of journaled publishes record this app transaction (queue_engine.store
+        # .journal): version = the newest journal position the commit carries.
+        self.journal_app_id = journal_app_id
         floor, count = _scan(dt)
         super().__init__(
             path,
@@ -88,6 +98,7 @@ class TopicWriter(GroupCommitter[_Publish]):
         # Rows each version added, read from the commit log for versions older than the marks.
         self._log_counts: dict[int, int] = {}
         self._commits = 0
+        self._queued = 0
         self._committed_messages = 0
         self._committed_bytes = 0
         self._start()
@@ -99,12 +110,67 @@ class TopicWriter(GroupCommitter[_Publish]):
         deliver_at_us: int | None,
         token: Any,
         expires_at_us: int | None = None,
+        position: int | None = None,
     ) -> None:
         """Queue messages for the next commit; ``token`` comes back through ``notify``."""
         nbytes = sum(map(len, bodies))
-        self.submit(
-            _Publish(bodies, nbytes, published_at_us, deliver_at_us, expires_at_us), nbytes, token
-        )
+        with self._cond:
+            self._queued += len(bodies)
+        try:
+            self.submit(
+                _Publish(bodies, nbytes, published_at_us, deliver_at_us, expires_at_us, position),
+                nbytes,
+                token,
+            )
+        except WriterClosedError:
+            with self._cond:
+                self._queued -= len(bodies)
+            raise
+
+    def _must_land(self, items: list[_Publish]) -> bool:
+        return any(p.position is not None for p in items)
+
+    @property
+    def validates(self) -> bool:
+        """Only the commit can tell whether rows are accepted (the table has CHECK
+        constraints or features only delta-rs writes): publishes wait for it."""
+        return isinstance(self._appender, DeltaRsAppender)
+
+    def commit_recovered(self, records: list[Record], app: str) -> int:
+        """Commit the publishes of a journal being recovered (``app``: its app transaction)
+        that no commit carried yet; returns how many were committed. Blocking; ordered with
+        the group commits, in commits of at most ``commit_max_bytes``."""
+        with self.exclusive():
+            done = DeltaTable(self.path).transaction_version(app)
+            todo = [r for r in records if done is None or r.position > done]
+            committed = 0
+            while todo:
+                size = 0
+                take = 0
+                for record in todo:
+                    if take and size + record.nbytes > self._commit_max_bytes:
+                        break
+                    take += 1
+                    size += record.nbytes
+                chunk, todo = todo[:take], todo[take:]
+                batch = [
+                    _Publish(
+                        r.bodies,
+                        r.nbytes,
+                        r.published_at_us,
+                        r.deliver_at_us,
+                        r.expires_at_us,
+                        r.position,
+                    )
+                    for r in chunk
+                ]
+                count = sum(len(p.bodies) for p in batch)
+                first = self._ids.allocate(count, time.time_ns() // 1_000_000)
+                txn = Transaction(app, chunk[-1].position)
+                version = self._append(_to_arrow(batch, first, count), txn)
+                self._committed(version, count, size)
+                committed += count
+            return committed
 
     def stats(self) -> CommitStats:
         with self._cond:
@@ -115,6 +181,7 @@ class TopicWriter(GroupCommitter[_Publish]):
                 self._committed_messages,
                 self._committed_bytes,
                 self._data_version,
+                self._queued,
             )
 
     def messages_through(self, version: int) -> int:
@@ -170,8 +237,18 @@ class TopicWriter(GroupCommitter[_Publish]):
     def _commit(self, batch: list[_Publish]) -> None:
         count = sum(len(p.bodies) for p in batch)
         first = self._ids.allocate(count, time.time_ns() // 1_000_000)
-        version = self._append(_to_arrow(batch, first, count))
+        positions = [p.position for p in batch if p.position is not None]
+        txn = None
+        if positions and self.journal_app_id is not None:
+            txn = Transaction(self.journal_app_id, max(positions))
+        version = self._append(_to_arrow(batch, first, count), txn)
+        with self._cond:
+            self._queued -= count
         self._committed(version, count, sum(p.nbytes for p in batch))
+
+    def _dropped(self, items: list[_Publish]) -> None:
+        with self._cond:
+            self._queued -= sum(len(p.bodies) for p in items)
 
     def _committed(self, version: int, count: int, nbytes: int) -> None:
         with self._cond:

@@ -23,7 +23,7 @@ def test_nsqd_defaults() -> None:
         5 << 20,
         2500,
     )
-    assert s.ack is AckMode.COMMIT
+    assert s.ack is AckMode.JOURNAL
 
 
 def test_precedence_flag_over_env_over_file(

@@ -1,0 +1,298 @@
+"""The node journal: every publish a node takes, durable before it is acknowledged.
+
+One append-only journal per process (``_deltaq/journal/<token>/`` under the warehouse, so any
+node can recover it), whatever the topic. Publishes that arrive while a write is under way go
+into the next one (group commit): on local disk one ``write`` + ``fdatasync`` of a segment
+file; on an object store one object per write (a write takes one PUT, ~20 ms: the window).
+Once durable, each publish is acknowledged and handed to its topic's writer; the topic's
+commit records the journal's app transaction (``deltaq-journal-<token>``, version = the
+newest position it carries), so a journal drained twice (a crash between a topic commit and
+the journal's truncation) never adds a row twice.
+
+Positions are microseconds of the wall clock, forced to increase: a journal's app transaction
+only ever grows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from queue_engine.store.journal_format import Record, decode, encode
+from queue_engine.store.object_store import (
+    delete_objects,
+    is_remote,
+    list_objects,
+    put_objects,
+    read_objects,
+)
+from queue_engine.store.tables import delete_tree
+
+log = logging.getLogger(__name__)
+
+JOURNAL_DIR = "_deltaq/journal"
+# A local segment is closed and a new one started past this size; closed segments whose
+# publishes are all in their topics' tables are deleted.
+SEGMENT_BYTES = 16 * 1024 * 1024
+# How often drained objects of a journal on an object store are deleted (one request each).
+REMOTE_TRUNCATE_S = 1.0
+
+# Called from the journal's thread once a write is durable (error None) or failed: the
+# records written, and the tokens of their publishers.
+Durable = Callable[[list[Record], list[Any], BaseException | None], None]
+
+
+class JournalClosedError(RuntimeError):
+    """The journal stopped (the node is stopping) before the publish was written."""
+
+
+def app_id(token: str) -> str:
+    """The Delta app transaction id under which a journal's publishes are committed."""
+    return f"deltaq-journal-{token}"
+
+
+def journal_root(warehouse: str) -> str:
+    return f"{warehouse.rstrip('/')}/{JOURNAL_DIR}"
+
+
+@dataclass
+class _Segment:
+    name: str
+    first: int
+    last: int
+
+
+class Journal:
+    """One process's journal (``token``: the process's node token)."""
+
+    def __init__(self, warehouse: str, token: str, on_durable: Durable) -> None:
+        self.token = token
+        self.app_id = app_id(token)
+        self.path = f"{journal_root(warehouse)}/{token}"
+        self._remote = is_remote(warehouse)
+        self._on_durable = on_durable
+        self._cond = threading.Condition()
+        self._pending: list[tuple[Record, bytes, Any]] = []
+        self._position = 0
+        self._closed = False
+        self._writing = False
+        # Positions written but not yet in their topic's table (a heap, and what left it).
+        self._undrained: list[int] = []
+        self._drained: set[int] = set()
+        self._segments: list[_Segment] = []
+        self._fd: int | None = None
+        self._size = 0
+        self._truncated_at = 0.0
+        # Figures for /stats and benchmarks.
+        self.writes = 0
+        self.records = 0
+        if not self._remote:
+            os.makedirs(self.path, exist_ok=True)
+        self._thread = threading.Thread(target=self._run, name="deltaq-journal", daemon=True)
+        self._thread.start()
+
+    # -- any thread -----------------------------------------------------------------------
+
+    def append(
+        self,
+        topic: str,
+        bodies: list[bytes],
+        published_at_us: int,
+        deliver_at_us: int | None,
+        expires_at_us: int | None,
+        token: Any,
+    ) -> None:
+        """Queue a publish for the next write; ``token`` comes back through ``on_durable``."""
+        with self._cond:
+            if self._closed:
+                raise JournalClosedError(self.path)
+            self._position = max(self._position + 1, time.time_ns() // 1000)
+            record = Record(
+                self._position, topic, published_at_us, deliver_at_us, expires_at_us, bodies
+            )
+            self._pending.append((record, encode(record), token))
+            self._cond.notify()
+
+    def drained(self, positions: list[int]) -> None:
+        """These positions are in their topics' tables (or their topic is gone)."""
+        with self._cond:
+            self._drained.update(positions)
+
+    @property
+    def undrained(self) -> int:
+        with self._cond:
+            return len(self._undrained) - len(self._drained)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Write what is queued, then stop taking publishes."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout_s)
+
+    def remove_if_drained(self) -> bool:
+        """After ``close`` and the topic writers' last commits: the journal is removed if
+        every publish it holds is in its table (else the next start recovers it)."""
+        with self._cond:
+            self._watermark()
+            if self._undrained:
+                log.warning(
+                    "journal %s keeps %d publishes not yet in their tables",
+                    self.path,
+                    len(self._undrained),
+                )
+                return False
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        delete_tree(self.path)
+        return True
+
+    # -- the journal's thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending or self._closed, timeout=1.0)
+                batch, self._pending = self._pending, []
+            if not batch:
+                if self._closed:
+                    return
+                self._truncate()
+                continue
+            records = [r for r, _, _ in batch]
+            tokens = [t for _, _, t in batch]
+            error: BaseException | None = None
+            try:
+                self._write(records, b"".join(frame for _, frame, _ in batch))
+            except BaseException as exc:  # reported to every publisher of the write
+                log.exception("writing %d publishes to the journal failed", len(batch))
+                error = exc
+            if error is None:
+                with self._cond:
+                    for record in records:
+                        heapq.heappush(self._undrained, record.position)
+                self.writes += 1
+                self.records += len(records)
+            self._on_durable(records, tokens, error)
+            self._truncate()
+
+    def _write(self, records: list[Record], data: bytes) -> None:
+        first, last = records[0].position, records[-1].position
+        if self._remote:
+            name = f"{first:020d}-{last:020d}.jrn"
+            put_objects([(f"{self.path}/{name}", data)])
+            self._segments.append(_Segment(name, first, last))
+            return
+        if self._fd is None or self._size >= SEGMENT_BYTES:
+            self._roll(first)
+        assert self._fd is not None
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        os.fdatasync(self._fd)
+        self._size += len(data)
+        self._segments[-1].last = last
+
+    def _roll(self, first: int) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+        name = f"{first:020d}.log"
+        self._fd = os.open(
+            os.path.join(self.path, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+        )
+        # The new file's directory entry must survive a power loss too.
+        dir_fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        self._size = 0
+        self._segments.append(_Segment(name, first, first))
+
+    def _watermark(self) -> int:
+        """With ``_cond`` held: positions below this are all drained."""
+        while self._undrained and self._undrained[0] in self._drained:
+            self._drained.discard(heapq.heappop(self._undrained))
+        return self._undrained[0] if self._undrained else self._position + 1
+
+    def _truncate(self) -> None:
+        """Delete the segments (objects) whose publishes are all drained; the local segment
+        being written to stays. (Outside ``_cond``: publishers never wait on this I/O.)"""
+        with self._cond:
+            mark = self._watermark()
+        keep = 0 if self._remote else 1
+        done = [s for s in self._segments[: len(self._segments) - keep] if s.last < mark]
+        if not done:
+            return
+        if self._remote:
+            if time.monotonic() - self._truncated_at < REMOTE_TRUNCATE_S:
+                return
+            self._truncated_at = time.monotonic()
+            delete_objects([f"{self.path}/{s.name}" for s in done])
+        else:
+            for segment in done:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.path, segment.name))
+        gone = {id(s) for s in done}
+        self._segments = [s for s in self._segments if id(s) not in gone]
+
+
+# -- recovery ---------------------------------------------------------------------------
+
+
+def journal_tokens(warehouse: str) -> list[str]:
+    """The tokens of every journal under the warehouse (live processes' and dead ones')."""
+    root = journal_root(warehouse)
+    if is_remote(warehouse):
+        return sorted({key.split("/", 1)[0] for key in list_objects(root) if "/" in key})
+    try:
+        return sorted(e.name for e in os.scandir(root) if e.is_dir())
+    except FileNotFoundError:
+        return []
+
+
+@dataclass(frozen=True)
+class Recovered:
+    records: list[Record]
+    # One line per torn or corrupt frame met (what follows it in that file is not read).
+    torn: list[str]
+
+
+def read_journal(warehouse: str, token: str) -> Recovered:
+    """Every whole record of a journal, in position order."""
+    path = f"{journal_root(warehouse)}/{token}"
+    records: list[Record] = []
+    torn: list[str] = []
+    if is_remote(warehouse):
+        names = [n for n in list_objects(path) if n.endswith(".jrn")]
+        blobs = read_objects([f"{path}/{n}" for n in names])
+        files = [(n, b) for n, b in zip(names, blobs, strict=True) if b is not None]
+    else:
+        try:
+            names = sorted(n for n in os.listdir(path) if n.endswith(".log"))
+        except FileNotFoundError:
+            names = []
+        files = []
+        for name in names:
+            with open(os.path.join(path, name), "rb") as f:
+                files.append((name, f.read()))
+    for name, data in files:
+        decoded = decode(data)
+        records.extend(decoded.records)
+        if decoded.torn is not None:
+            torn.append(f"{path}/{name}: {decoded.torn}")
+    records.sort(key=lambda r: r.position)
+    return Recovered(records, torn)
+
+
+def remove_journal(warehouse: str, token: str) -> None:
+    delete_tree(f"{journal_root(warehouse)}/{token}")

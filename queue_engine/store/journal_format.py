@@ -1,0 +1,115 @@
+"""The node journal's records: one publish (PUB, MPUB or DPUB) each, framed and checksummed.
+
+A frame is ``length (u32) | crc32 of the payload (u32) | payload``; the payload is the record's
+position (u64), its topic, its timestamps and its bodies (their lengths first, then the bytes,
+so that reading many bodies is one slice each). Integers are big-endian, as NSQ's wire.
+
+A crash can leave the last frame of a journal file torn (short) or, with a disk that reorders
+writes, garbled: ``decode`` stops at the first frame that is short or fails its checksum and
+says where. Nothing after it was acknowledged (an acknowledgement follows the write and the
+sync of every byte before it).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+_FRAME = struct.Struct(">II")
+# position, published_at_us, deliver_at_us, expires_at_us (-1: none), topic length, bodies.
+_HEAD = struct.Struct(">QqqqHI")
+NONE = -1
+
+
+@dataclass(frozen=True)
+class Record:
+    position: int
+    topic: str
+    published_at_us: int
+    deliver_at_us: int | None
+    expires_at_us: int | None
+    bodies: list[bytes]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(map(len, self.bodies))
+
+
+def encode(record: Record) -> bytes:
+    topic = record.topic.encode()
+    bodies = record.bodies
+    payload = b"".join(
+        (
+            _HEAD.pack(
+                record.position,
+                record.published_at_us,
+                NONE if record.deliver_at_us is None else record.deliver_at_us,
+                NONE if record.expires_at_us is None else record.expires_at_us,
+                len(topic),
+                len(bodies),
+            ),
+            topic,
+            np.fromiter(map(len, bodies), dtype=">u4", count=len(bodies)).tobytes(),
+            *bodies,
+        )
+    )
+    return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+@dataclass(frozen=True)
+class Decoded:
+    records: list[Record]
+    # Bytes of whole, valid frames from the start: where the next write would go.
+    valid_bytes: int
+    # Why decoding stopped before the end (None: every byte was a valid frame).
+    torn: str | None
+
+
+def decode(data: bytes) -> Decoded:
+    """The records of ``data`` up to the first torn or corrupt frame."""
+    records: list[Record] = []
+    view = memoryview(data)
+    at = 0
+    end = len(data)
+    while at < end:
+        if end - at < _FRAME.size:
+            return Decoded(records, at, f"a torn frame header at byte {at}")
+        length, crc = _FRAME.unpack_from(view, at)
+        start = at + _FRAME.size
+        if end - start < length:
+            return Decoded(records, at, f"a torn frame at byte {at} ({length} bytes announced)")
+        payload = view[start : start + length]
+        if zlib.crc32(payload) != crc:
+            return Decoded(records, at, f"a frame failing its checksum at byte {at}")
+        try:
+            records.append(_record(payload))
+        except (struct.error, ValueError, UnicodeDecodeError) as exc:
+            return Decoded(records, at, f"an unreadable frame at byte {at}: {exc}")
+        at = start + length
+    return Decoded(records, at, None)
+
+
+def _record(payload: memoryview) -> Record:
+    position, published, deliver, expires, topic_len, count = _HEAD.unpack_from(payload, 0)
+    at = _HEAD.size
+    topic = bytes(payload[at : at + topic_len]).decode()
+    at += topic_len
+    lengths = np.frombuffer(payload, dtype=">u4", count=count, offset=at).astype(np.int64)
+    at += 4 * count
+    ends = at + np.cumsum(lengths)
+    if count and int(ends[-1]) != len(payload):
+        raise ValueError("body lengths do not add up to the frame")
+    starts = ends - lengths
+    raw = bytes(payload)
+    bodies = [raw[s:e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)]
+    return Record(
+        position,
+        topic,
+        published,
+        None if deliver == NONE else deliver,
+        None if expires == NONE else expires,
+        bodies,
+    )
