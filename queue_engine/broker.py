@@ -271,6 +271,13 @@ class Broker:
         (queue_engine.topics.Topics.publish)."""
         await self.topics.publish(topic, bodies, defer_ms, ttl_ms)
 
+    async def start_publish(
+        self, topic: str, bodies: list[bytes], defer_ms: int | None = None
+    ) -> asyncio.Future[None]:
+        """Start a publish; the future is done once it is acknowledged. Publishes started one
+        after the other are taken in that order (queue_engine.topics.Topics.start_publish)."""
+        return await self.topics.start_publish(topic, bodies, defer_ms)
+
     # -- topics ---------------------------------------------------------------------------
 
     async def create_topic(self, name: str) -> None:

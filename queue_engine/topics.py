@@ -149,14 +149,26 @@ class Topics:
         defer_ms: int | None = None,
         ttl_ms: int | None = None,
     ) -> None:
-        """Append ``bodies`` to ``topic`` (created if needed); return once acknowledged.
+        """Append ``bodies`` to ``topic`` (created if needed); return once acknowledged."""
+        await (await self.start_publish(topic, bodies, defer_ms, ttl_ms))
+
+    async def start_publish(
+        self,
+        topic: str,
+        bodies: list[bytes],
+        defer_ms: int | None = None,
+        ttl_ms: int | None = None,
+    ) -> asyncio.Future[None]:
+        """Start appending ``bodies`` to ``topic`` (created if needed); the future is done
+        once they are acknowledged. Only creating the topic waits: publishes started one after
+        the other reach the journal (and their topic) in that order.
 
         ``ttl_ms``: the messages are not delivered that long after publishing (it replaces the
         topic's TTL for them).
 
-        With ``ack = "commit"`` that is after the Delta commit holding them succeeded; with
-        ``ack = "buffer"`` once they are queued for the next commit (unless the buffer is full,
-        then the publisher waits for the commit: backpressure).
+        With ``ack = "journal"`` acknowledged means in the node journal; with ``"commit"``,
+        in the topic's Delta commit; with ``"buffer"``, queued for the next commit (unless the
+        buffer is full: then the publisher waits for the commit, backpressure).
         """
         if self.closing:
             raise QueueError(ErrorCode.EXITING)
@@ -168,32 +180,31 @@ class Topics:
         published_at_us = time.time_ns() // 1000
         deliver_at_us = published_at_us + defer_ms * 1000 if defer_ms else None
         expires_at_us = published_at_us + ttl_ms * 1000 if ttl_ms else None
-        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.add_done_callback(
+            lambda _: PUBLISH_SECONDS.labels(topic).observe(time.perf_counter() - started)
+        )
         mode = self.settings.ack
         backlog = writer.pending_bytes >= self.settings.buffer_max_bytes
         journal = self.journal
         if mode is AckMode.JOURNAL and journal is not None and not backlog and not writer.validates:
-            durable: asyncio.Future[None] = loop.create_future()
             try:
-                journal.append(
-                    topic, bodies, published_at_us, deliver_at_us, expires_at_us, durable
-                )
+                journal.append(topic, bodies, published_at_us, deliver_at_us, expires_at_us, done)
             except JournalClosedError as exc:
                 raise QueueError(ErrorCode.EXITING, str(exc)) from exc
-            await durable
-            PUBLISH_SECONDS.labels(topic).observe(time.perf_counter() - started)
-            return
+            return done
         # ack = "commit"; or the topic's writer is behind by buffer_max_bytes (backpressure);
         # or only the commit can tell whether the table takes the rows (``validates``).
         wait = mode is not AckMode.BUFFER or backlog
-        future: asyncio.Future[None] | None = loop.create_future() if wait else None
         try:
-            writer.submit_publish(bodies, published_at_us, deliver_at_us, future, expires_at_us)
+            writer.submit_publish(
+                bodies, published_at_us, deliver_at_us, done if wait else None, expires_at_us
+            )
         except WriterClosedError as exc:
             raise QueueError(ErrorCode.EXITING, str(exc)) from exc
-        if future is not None:
-            await future
-        PUBLISH_SECONDS.labels(topic).observe(time.perf_counter() - started)
+        if not wait:
+            done.set_result(None)
+        return done
 
     def _committed(self, name: str, tokens: list[Any], error: BaseException | None) -> None:
         if error is None:

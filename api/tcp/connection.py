@@ -41,6 +41,9 @@ from queue_engine.settings import TlsRequired
 
 log = logging.getLogger(__name__)
 
+# What a command answers: a response frame's data, nothing, or (a publish) its answer to come.
+Reply = bytes | None | asyncio.Future[bytes]
+
 # How long the pump waits on a channel before looking at its client again (RDY, closing).
 PUMP_WAIT_S = 1.0
 # "FIN " and a 16-byte message id.
@@ -52,6 +55,19 @@ class State(Enum):
     INIT = "init"
     SUBSCRIBED = "subscribed"
     CLOSING = "closing"
+
+
+async def _answer_when(command: str, acknowledged: asyncio.Future[None]) -> bytes:
+    try:
+        await acknowledged
+    except QueueError as exc:
+        raise FatalClientError(f"E_{command}_FAILED", f"{command} failed {exc}") from exc
+    return frames.OK
+
+
+def _ignore_outcome(future: asyncio.Future[bytes]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def go_quote(data: bytes) -> str:
@@ -121,7 +137,9 @@ class Connection:
         self._pump: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._closed = False
-        self._commands: dict[bytes, Callable[[list[bytes]], Awaitable[bytes | None]]] = {
+        # Answers of publishes under way, in the order their commands came (pipelining).
+        self._publishing: list[asyncio.Future[bytes]] = []
+        self._commands: dict[bytes, Callable[[list[bytes]], Awaitable[Reply]]] = {
             b"IDENTIFY": self._identify,
             b"FIN": self._fin,
             b"RDY": self._rdy,
@@ -160,7 +178,9 @@ class Connection:
         transport = self.transport
         # FINs that arrived together are applied and committed as one batch (a consumer at
         # RDY 200 sends them in bursts); any other command first settles the batch before it,
-        # so commands still take effect in the order they were sent.
+        # so commands still take effect in the order they were sent. Publishes that arrived
+        # together are under way together (one journal write carries them all); their answers
+        # go out in order before any later answer.
         fins: list[bytes] = []
         while not self._closed:
             transport.start_command()
@@ -180,6 +200,9 @@ class Connection:
             if fins:
                 self._finish(fins)
                 fins = []
+            if not await self._answer_publishes():
+                await transport.flush()
+                return
             await transport.flush()
 
     async def _execute(self, line: bytes) -> bool:
@@ -196,10 +219,34 @@ class Connection:
                 raise FatalClientError("E_INVALID", f"invalid command {_text(params[0])}")
             answer = await handler(params)
         except ClientError as exc:
+            if not await self._answer_publishes():
+                return False
             log.info("%s: %s", self.name, exc)
             self.transport.write(frames.error(exc.frame_data))
             return not exc.fatal
+        if isinstance(answer, asyncio.Future):
+            self._publishing.append(answer)
+            return True
+        if not await self._answer_publishes():
+            return False
         if answer is not None:
+            self.transport.write(frames.response(answer))
+        return True
+
+    async def _answer_publishes(self) -> bool:
+        """Queue the answers of the publishes under way, in order; False (after the error)
+        when one failed: as nsqd, a failed publish closes the connection."""
+        publishing, self._publishing = self._publishing, []
+        for n, future in enumerate(publishing):
+            try:
+                answer = await future
+            except ClientError as exc:
+                log.info("%s: %s", self.name, exc)
+                self.transport.write(frames.error(exc.frame_data))
+                for later in publishing[n + 1 :]:
+                    # Their outcome goes unread: the connection closes.
+                    later.add_done_callback(_ignore_outcome)
+                return False
             self.transport.write(frames.response(answer))
         return True
 
@@ -225,6 +272,10 @@ class Connection:
             return
         self._closed = True
         self._ready_changed.set()
+        for future in self._publishing:
+            # Publishes under way finish (acknowledged or not) with no one to answer.
+            future.add_done_callback(_ignore_outcome)
+        self._publishing = []
         if self._heartbeat is not None:
             self._heartbeat.cancel()
         if self._pump is not None and self.runtime is not None:
@@ -659,14 +710,16 @@ class Connection:
 
     async def _publish(
         self, command: str, topic: str, bodies: list[bytes], defer_ms: int | None = None
-    ) -> bytes:
+    ) -> asyncio.Future[bytes]:
+        """Start the publish; its answer comes once it is acknowledged (``_answer_publishes``).
+        Publishes are taken in the order their commands came."""
         try:
-            await self.broker.publish(topic, bodies, defer_ms)
+            acknowledged = await self.broker.start_publish(topic, bodies, defer_ms)
         except QueueError as exc:
             raise FatalClientError(f"E_{command}_FAILED", f"{command} failed {exc}") from exc
-        return frames.OK
+        return asyncio.ensure_future(_answer_when(command, acknowledged))
 
-    async def _pub(self, params: list[bytes]) -> bytes | None:
+    async def _pub(self, params: list[bytes]) -> Reply:
         if len(params) < 2:
             raise FatalClientError("E_INVALID", "PUB insufficient number of parameters")
         topic = self._topic("PUB", params[1])
@@ -676,7 +729,7 @@ class Connection:
         await self._check_auth("PUB", topic, None)
         return await self._publish("PUB", topic, [body])
 
-    async def _dpub(self, params: list[bytes]) -> bytes | None:
+    async def _dpub(self, params: list[bytes]) -> Reply:
         if len(params) < 3:
             raise FatalClientError("E_INVALID", "DPUB insufficient number of parameters")
         topic = self._topic("DPUB", params[1])
@@ -694,7 +747,7 @@ class Connection:
         await self._check_auth("DPUB", topic, None)
         return await self._publish("DPUB", topic, [body], timeout_ms or None)
 
-    async def _mpub(self, params: list[bytes]) -> bytes | None:
+    async def _mpub(self, params: list[bytes]) -> Reply:
         if len(params) < 2:
             raise FatalClientError("E_INVALID", "MPUB insufficient number of parameters")
         # nsqd's MPUB error repeats its code in the text.

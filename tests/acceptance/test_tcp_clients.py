@@ -267,3 +267,31 @@ def test_max_attempts_dead_letters_tcp_deliveries_as_http_ones(server: Server) -
         [letter] = dead["messages"]
         assert letter["id"] == message.id.decode() and letter["attempts"] == 2
         assert letter["last_event"] == "REQ" and letter["last_consumer"].startswith("t@")
+
+
+def test_pipelined_publishes_are_answered_in_order_and_a_failure_closes_after_the_earlier(
+    server: Server, warehouse: Path
+) -> None:
+    """A producer that sends before it reads (go-nsq's PublishAsync, pynsq's Writer): the
+    publishes that arrived together are under way together, and answered in order."""
+    from tests.conftest import topic_rows
+    from tests.nsq_wire import mpub_body, sized
+
+    wire = Wire(server.tcp_port)
+    burst = b"".join(b"PUB piped\n" + sized(f"m{i}".encode()) for i in range(200))
+    burst += b"MPUB piped\n" + mpub_body([b"x", b"y"]) + b"DPUB piped 1000\n" + sized(b"later")
+    burst += b"NOP\n" + b"PUB piped\n" + sized(b"last")
+    wire.send(burst)
+    answers = [wire.frame() for _ in range(203)]
+    assert answers == [(0, b"OK")] * 203
+    rows = topic_rows(warehouse, "piped", 204).sort_by("id")["body"].to_pylist()
+    assert rows[:200] == [f"m{i}".encode() for i in range(200)]
+    assert sorted(rows[200:]) == [b"last", b"later", b"x", b"y"]
+
+    # The answers of what came before a failing command go out first, then its error.
+    wire = Wire(server.tcp_port)
+    wire.send(b"PUB piped\n" + sized(b"ok1") + b"PUB piped\n" + sized(b"ok2") + b"PUB bad!\n")
+    assert [wire.frame(), wire.frame()] == [(0, b"OK"), (0, b"OK")]
+    kind, data = wire.frame() or (None, b"")
+    assert kind == 1 and data.startswith(b"E_BAD_TOPIC")
+    assert wire.closed()
