@@ -251,6 +251,9 @@ class Channels:
 
         def record() -> RegistryEvent:
             info = nr.registry.existing_topic(topic)
+            # Publishes acknowledged before this call (journaled, not yet committed) are in
+            # the topic before the channel's start: a channel gets what is published after it.
+            writer.wait_settled()
             with writer.exclusive():
                 version = writer.stats().version
                 if shared:

@@ -351,6 +351,8 @@ class Topics:
             await nr.reload_if_moved(name not in nr.registry.topics)
             nr.registry.existing_topic(name)
             writer = await self.writer(name)
+            # What was acknowledged before the empty (journaled, not committed yet) goes too.
+            await asyncio.to_thread(writer.wait_settled)
             stats = writer.stats()
             version = stats.version
             if shared:

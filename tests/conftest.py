@@ -125,7 +125,13 @@ class Server:
         return self.log_path.read_text(errors="replace") if self.log_path else ""
 
     def topic_table(self, topic: str) -> pa.Table:
-        return read_topic(self.warehouse, topic)
+        """The topic's table once it holds every message the server acknowledged (its
+        /stats message count: journaled messages reach the table milliseconds later)."""
+        stats = httpx.get(
+            f"{self.http_url}/stats", params={"format": "json", "topic": topic}, timeout=10
+        ).json()
+        acknowledged = sum(t["message_count"] for t in stats["topics"] or [])
+        return topic_rows(self.warehouse, topic, acknowledged)
 
 
 def run_deltaq(

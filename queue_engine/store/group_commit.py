@@ -109,6 +109,9 @@ class GroupCommitter(ABC, Generic[T]):
         self._commit_lock = threading.Lock()
         self._pending: list[_Submission[T]] = []
         self._pending_bytes = 0
+        # Submissions made, and submissions whose commit ended (committed or failed): in order.
+        self._submitted = 0
+        self._settled = 0
         self._closed = False
         # True while this writer has a commit task on the pool (at most one).
         self._draining = False
@@ -135,7 +138,15 @@ class GroupCommitter(ABC, Generic[T]):
                 raise WriterClosedError(self.path)
             self._pending.append(_Submission(item, nbytes, token))
             self._pending_bytes += nbytes
+            self._submitted += 1
             self._schedule()
+
+    def wait_settled(self, timeout_s: float = 30.0) -> bool:
+        """Wait until everything submitted before this call is committed (or failed); False
+        on timeout. Blocking: call it from a thread."""
+        with self._cond:
+            target = self._submitted
+            return self._cond.wait_for(lambda: self._settled >= target, timeout_s)
 
     def exclusive(self) -> threading.Lock:
         """A lock that, while held, keeps this writer from committing."""
@@ -187,6 +198,7 @@ class GroupCommitter(ABC, Generic[T]):
         commit goes to the back of the pool's queue (busy tables take turns)."""
         with self._cond:
             batch = self._take_batch()
+        taken = len(batch)
         started = time.perf_counter()
         for attempt in itertools.count():
             error = self._commit_batch(batch)
@@ -207,6 +219,7 @@ class GroupCommitter(ABC, Generic[T]):
                 self._dropped([s.item for s in batch])
             self._notify([s.token for s in batch], error)
         with self._cond:
+            self._settled += taken
             self._draining = False
             self._schedule()
             self._cond.notify_all()

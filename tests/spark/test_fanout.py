@@ -133,6 +133,7 @@ def test_spark_writer_skips_a_replayed_batch(
             assert c.post("/channel/create", params=params).status_code == 200
         assert c.post("/mpub", params={"topic": "t"}, content=b"m0\nm1\nm2").text == "OK"
         assert c.post("/pub", params={"topic": "u"}, content=b"u0").text == "OK"
+    server.topic_table("t"), server.topic_table("u")  # acknowledged; now in the tables too
     warehouse = Warehouse(str(wh))
 
     def rows_of(topic: str) -> DataFrame:
