@@ -1,10 +1,14 @@
-"""Publish throughput and latency: /pub with 1 and 16 connections, /mpub with 100 per request.
+"""Publish throughput and latency over HTTP: /pub with 1 and 16 connections, /pub to 1,000
+topics at random, /mpub with 100 per request; beside the reference nsqd 1.3.0 in the same run.
 
 Starts ``deltaq api`` on 127.0.0.1 with a fresh warehouse, drives it with bench/loadgen.py
 from a separate process, and prints msg/s, latency p50/p99, messages per Delta commit and the
-server's peak RSS. Nothing is asserted: the figures go in the README.
+server's peak RSS; then the same cases against nsqd (``../shared/tools``; skipped where absent
+or with ``--no-nsqd``) and deltaq's ratio. Nothing is asserted: the figures go in
+docs/benchmarks.md.
 
-    python bench/publish.py [--seconds 10] [--ack commit|buffer] [--only pub1,pub16,mpub16]
+    python bench/publish.py [--seconds 10] [--ack journal|commit|buffer]
+                            [--only pub1,pub16,topics1000,mpub16]
     python bench/publish.py --store s3 --only pub64,mpub16   # moto's S3, 20 ms per request
 
 ``--store s3`` puts the warehouse on moto's S3 server behind a loopback proxy that adds
@@ -17,6 +21,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -30,7 +35,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import LoadResult, run
-from procs import object_store, store_env, warehouse_arg
+from procs import nsqd_process, object_store, store_env, warehouse_arg
 
 HOST = "127.0.0.1"
 BODY = b"x" * 200
@@ -43,17 +48,25 @@ def _free_port() -> int:
 
 
 def _stats(port: int, topic: str) -> dict[str, int]:
+    if topic.endswith("*"):
+        return {"messages": 0, "commits": 0}
     with urllib.request.urlopen(f"http://{HOST}:{port}/stats?format=json&topic={topic}") as r:
         data = json.load(r)
-    for t in data["topics"]:
+    for t in data["topics"] or []:
         if t["topic_name"] == topic:
-            return {"messages": t["message_count"], "commits": t["delta_commits"]}
+            return {"messages": t["message_count"], "commits": t.get("delta_commits", 0)}
     return {"messages": 0, "commits": 0}
+
+
+def _random_topic_path() -> str:
+    return f"/pub?topic=bench_many_{random.randrange(1000)}"
 
 
 def _load(args: tuple[int, str, bytes, int, float], out: mp.Queue) -> None:  # type: ignore[type-arg]
     port, path, body, conns, seconds = args
-    r = run(HOST, port, path, body, conns, seconds)
+    # "topic=bench_many_*": each request to one of 1,000 topics at random.
+    target = _random_topic_path if path.endswith("*") else path
+    r = run(HOST, port, target, body, conns, seconds)
     out.put((r.requests, r.errors, r.elapsed_s, r.latencies_s))
 
 
@@ -92,14 +105,81 @@ def _case(
     }
 
 
+CASES = {
+    "pub1": ("/pub", "/pub?topic=bench_pub1", BODY, 1, 1),
+    "pub16": ("/pub", "/pub?topic=bench_pub16", BODY, 1, 16),
+    "topics1000": ("/pub 1k topics", "/pub?topic=bench_many_*", BODY, 1, 16),
+    "pub64": ("/pub", "/pub?topic=bench_pub64", BODY, 1, 64),
+    "mpub16": ("/mpub x100", "/mpub?topic=bench_mpub", b"\n".join([BODY] * 100), 100, 16),
+}
+ROW = "{:<16}{:>6}{:>10}{:>9}{:>9}{:>8}{:>12}{:>13}"
+
+
+def _run_cases(
+    name: str, port: int, pid: int, only: list[str], seconds: float
+) -> dict[str, dict[str, object]]:
+    proc = psutil.Process(pid)
+    peak = [0]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.05):
+            peak[0] = max(peak[0], proc.memory_info().rss)
+
+    threading.Thread(target=sample, daemon=True).start()
+    print(f"{name}:")
+    header = ("case", "conns", "msg/s", "p50 ms", "p99 ms", "errors", "msg/commit", "peak RSS MB")
+    print(ROW.format(*header))
+    results = {}
+    try:
+        for key in only:
+            label, path, body, per, conns = CASES[key]
+            if path.endswith("*"):
+                # 1,000 active topics: created first (creating one is an admin change, not
+                # what this case measures), then published to at random.
+                for n in range(1000):
+                    urllib.request.urlopen(
+                        f"http://{HOST}:{port}/topic/create?topic=bench_many_{n}", data=b""
+                    ).read()
+            r = _case(port, label, path, body, per, conns, seconds, proc, peak)
+            results[key] = r
+            print(
+                ROW.format(
+                    r["case"],
+                    r["connections"],
+                    r["msg_per_s"],
+                    r["p50_ms"],
+                    r["p99_ms"],
+                    r["errors"],
+                    r["msgs_per_commit"],
+                    r["server_peak_rss_mb"],
+                ),
+                flush=True,
+            )
+    finally:
+        stop.set()
+    return results
+
+
+def _wait_ping(port: int) -> None:
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(f"http://{HOST}:{port}/ping").read()
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--ack", default="commit", choices=["commit", "buffer"])
-    parser.add_argument("--only", default="pub1,pub16,mpub16")
+    parser.add_argument("--ack", default="journal", choices=["journal", "commit", "buffer"])
+    parser.add_argument("--only", default="pub1,pub16,topics1000,mpub16")
     parser.add_argument("--store", default="local", choices=["local", "s3"])
     parser.add_argument("--store-delay-ms", type=float, default=20.0)
+    parser.add_argument("--no-nsqd", action="store_true", help="deltaq alone")
     args = parser.parse_args()
+    only = args.only.split(",")
     port = _free_port()
     with (
         tempfile.TemporaryDirectory() as local,
@@ -124,60 +204,36 @@ def main() -> int:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        print(f"ack={args.ack}, {where}, {args.seconds:.0f} s per case, 200-byte messages")
         try:
-            for _ in range(100):
-                try:
-                    urllib.request.urlopen(f"http://{HOST}:{port}/ping").read()
-                    break
-                except OSError:
-                    time.sleep(0.1)
-            proc = psutil.Process(server.pid)
-            peak = [0]
-            stop = threading.Event()
-
-            def sample() -> None:
-                while not stop.wait(0.05):
-                    peak[0] = max(peak[0], proc.memory_info().rss)
-
-            threading.Thread(target=sample, daemon=True).start()
-            mpub_body = b"\n".join([BODY] * 100)
-            cases = {
-                "pub1": ("/pub", "/pub?topic=bench_pub1", BODY, 1, 1),
-                "pub16": ("/pub", "/pub?topic=bench_pub16", BODY, 1, 16),
-                "pub64": ("/pub", "/pub?topic=bench_pub64", BODY, 1, 64),
-                "mpub16": ("/mpub x100", "/mpub?topic=bench_mpub", mpub_body, 100, 16),
-            }
-            print(f"ack={args.ack}, {where}, {args.seconds:.0f} s per case, 200-byte messages")
-            header = (
-                "case",
-                "conns",
-                "msg/s",
-                "p50 ms",
-                "p99 ms",
-                "errors",
-                "msg/commit",
-                "peak RSS MB",
-            )
-            print("{:<12}{:>6}{:>10}{:>9}{:>9}{:>8}{:>12}{:>13}".format(*header))
-            for key in args.only.split(","):
-                name, path, body, per, conns = cases[key]
-                r = _case(port, name, path, body, per, conns, args.seconds, proc, peak)
-                print(
-                    "{:<12}{:>6}{:>10}{:>9}{:>9}{:>8}{:>12}{:>13}".format(
-                        r["case"],
-                        r["connections"],
-                        r["msg_per_s"],
-                        r["p50_ms"],
-                        r["p99_ms"],
-                        r["errors"],
-                        r["msgs_per_commit"],
-                        r["server_peak_rss_mb"],
-                    )
-                )
-            stop.set()
+            _wait_ping(port)
+            ours = _run_cases("deltaq", port, server.pid, only, args.seconds)
         finally:
             server.terminate()
             server.wait(30)
+        if args.no_nsqd:
+            return 0
+        nsqd_port = _free_port()
+        nsqd = nsqd_process(Path(local) / "nsqd-data", _free_port(), nsqd_port)
+        if nsqd is None:
+            print("nsqd: not found (../shared/tools/nsq-1.3.0/nsqd); deltaq alone")
+            return 0
+        try:
+            theirs = _run_cases("nsqd 1.3.0", nsqd_port, nsqd.pid, only, args.seconds)
+        finally:
+            nsqd.terminate()
+            nsqd.wait(30)
+        print("deltaq / nsqd:")
+        for key in only:
+            a, b = ours[key]["msg_per_s"], theirs[key]["msg_per_s"]
+            assert isinstance(a, int) and isinstance(b, int)
+            print(f"  {CASES[key][0]:<16} {a:>9,} vs {b:>9,} msg/s = {a / max(b, 1):.2f}x")
+        one = ours.get("pub16", {}).get("msg_per_s")
+        many = ours.get("topics1000", {}).get("msg_per_s")
+        if isinstance(one, int) and isinstance(many, int):
+            print(
+                f"  deltaq: 1,000 topics / one topic at 16 connections = {many / max(one, 1):.2f}x"
+            )
     return 0
 
 

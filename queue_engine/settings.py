@@ -177,6 +177,13 @@ class Settings(BaseSettings):
     spark_packages: list[str] = Field(default_factory=list)
     # Publishing.
     ack: AckMode = AckMode.JOURNAL
+    # With ack = "journal": a topic commits at most once per this many ms (its publishes are
+    # durable in the journal meanwhile). Longer: fewer, larger commits under load; shorter:
+    # messages reach the topic table (and consumers) sooner.
+    drain_linger_ms: int = Field(default=50, ge=0, le=10_000)
+    # With ack = "journal": about how many topic commits a second the node makes at most; with
+    # many busy topics each waits longer (active topics / this, in seconds) and carries more.
+    drain_max_commits_per_s: int = Field(default=250, ge=1)
     # One commit carries at most this many body bytes; more waiting goes in the next commit.
     commit_max_bytes: int = 64 * 1024 * 1024
     # In ack=buffer mode, publishers wait for the commit once this much is buffered (backpressure).

@@ -21,6 +21,7 @@ import logging
 import random
 import ssl
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from enum import Enum
 from functools import partial
 
@@ -41,8 +42,6 @@ from queue_engine.settings import TlsRequired
 
 log = logging.getLogger(__name__)
 
-# What a command answers: a response frame's data, nothing, or (a publish) its answer to come.
-Reply = bytes | None | asyncio.Future[bytes]
 
 # How long the pump waits on a channel before looking at its client again (RDY, closing).
 PUMP_WAIT_S = 1.0
@@ -57,15 +56,28 @@ class State(Enum):
     CLOSING = "closing"
 
 
-async def _answer_when(command: str, acknowledged: asyncio.Future[None]) -> bytes:
-    try:
-        await acknowledged
-    except QueueError as exc:
-        raise FatalClientError(f"E_{command}_FAILED", f"{command} failed {exc}") from exc
-    return frames.OK
+@dataclass(slots=True)
+class _Publishing:
+    """A publish under way: its command, and the future done once it is acknowledged."""
+
+    command: str
+    acknowledged: asyncio.Future[None]
+
+    async def answer(self) -> bytes:
+        try:
+            await self.acknowledged
+        except QueueError as exc:
+            raise FatalClientError(
+                f"E_{self.command}_FAILED", f"{self.command} failed {exc}"
+            ) from exc
+        return frames.OK
 
 
-def _ignore_outcome(future: asyncio.Future[bytes]) -> None:
+# What a command answers: a response frame's data, nothing, or (a publish) its answer to come.
+Reply = bytes | None | _Publishing
+
+
+def _ignore_outcome(future: asyncio.Future[None]) -> None:
     if not future.cancelled():
         future.exception()
 
@@ -137,8 +149,8 @@ class Connection:
         self._pump: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._closed = False
-        # Answers of publishes under way, in the order their commands came (pipelining).
-        self._publishing: list[asyncio.Future[bytes]] = []
+        # Publishes under way, in the order their commands came (pipelining).
+        self._publishing: list[_Publishing] = []
         self._commands: dict[bytes, Callable[[list[bytes]], Awaitable[Reply]]] = {
             b"IDENTIFY": self._identify,
             b"FIN": self._fin,
@@ -224,7 +236,7 @@ class Connection:
             log.info("%s: %s", self.name, exc)
             self.transport.write(frames.error(exc.frame_data))
             return not exc.fatal
-        if isinstance(answer, asyncio.Future):
+        if isinstance(answer, _Publishing):
             self._publishing.append(answer)
             return True
         if not await self._answer_publishes():
@@ -237,15 +249,15 @@ class Connection:
         """Queue the answers of the publishes under way, in order; False (after the error)
         when one failed: as nsqd, a failed publish closes the connection."""
         publishing, self._publishing = self._publishing, []
-        for n, future in enumerate(publishing):
+        for n, publish in enumerate(publishing):
             try:
-                answer = await future
+                answer = await publish.answer()
             except ClientError as exc:
                 log.info("%s: %s", self.name, exc)
                 self.transport.write(frames.error(exc.frame_data))
                 for later in publishing[n + 1 :]:
                     # Their outcome goes unread: the connection closes.
-                    later.add_done_callback(_ignore_outcome)
+                    later.acknowledged.add_done_callback(_ignore_outcome)
                 return False
             self.transport.write(frames.response(answer))
         return True
@@ -272,9 +284,9 @@ class Connection:
             return
         self._closed = True
         self._ready_changed.set()
-        for future in self._publishing:
+        for publish in self._publishing:
             # Publishes under way finish (acknowledged or not) with no one to answer.
-            future.add_done_callback(_ignore_outcome)
+            publish.acknowledged.add_done_callback(_ignore_outcome)
         self._publishing = []
         if self._heartbeat is not None:
             self._heartbeat.cancel()
@@ -710,14 +722,13 @@ class Connection:
 
     async def _publish(
         self, command: str, topic: str, bodies: list[bytes], defer_ms: int | None = None
-    ) -> asyncio.Future[bytes]:
+    ) -> _Publishing:
         """Start the publish; its answer comes once it is acknowledged (``_answer_publishes``).
         Publishes are taken in the order their commands came."""
         try:
-            acknowledged = await self.broker.start_publish(topic, bodies, defer_ms)
+            return _Publishing(command, await self.broker.start_publish(topic, bodies, defer_ms))
         except QueueError as exc:
             raise FatalClientError(f"E_{command}_FAILED", f"{command} failed {exc}") from exc
-        return asyncio.ensure_future(_answer_when(command, acknowledged))
 
     async def _pub(self, params: list[bytes]) -> Reply:
         if len(params) < 2:

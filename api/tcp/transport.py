@@ -133,7 +133,10 @@ class Transport:
             return
         try:
             self._writer.write(self._outgoing())
-            await asyncio.wait_for(self._writer.drain(), self.write_timeout_s)
+            if self._writer.transport.get_write_buffer_size():
+                # Not all sent at once: wait for the peer (a timer and a task; most writes
+                # leave nothing behind and skip both).
+                await asyncio.wait_for(self._writer.drain(), self.write_timeout_s)
         except (TimeoutError, ConnectionError, ssl.SSLError, RuntimeError) as exc:
             self.abort()
             raise Closed(f"write failed: {exc!r}") from exc

@@ -15,6 +15,8 @@ do not mean ten thousand threads).
 from __future__ import annotations
 
 import asyncio
+import functools
+import heapq
 import itertools
 import logging
 import threading
@@ -69,6 +71,51 @@ def commit_pool() -> ThreadPoolExecutor:
         return _pool
 
 
+class _Delayed:
+    """Drains due later, put on the commit pool when due (one thread for every writer: a
+    lingering writer holds no pool thread)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def submit_at(self, at: float, fn: Callable[[], None]) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (at, next(self._seq), fn))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="deltaq-commit-delay", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                while not self._heap or self._heap[0][0] > now:
+                    self._cond.wait(self._heap[0][0] - now if self._heap else None)
+                    now = time.monotonic()
+                due = []
+                while self._heap and self._heap[0][0] <= now:
+                    due.append(heapq.heappop(self._heap)[2])
+            for fn in due:
+                commit_pool().submit(fn)
+
+
+_delayed: _Delayed | None = None
+
+
+def delayed() -> _Delayed:
+    global _delayed
+    with _pool_lock:
+        if _delayed is None:
+            _delayed = _Delayed()
+        return _delayed
+
+
 class WriterClosedError(RuntimeError):
     """The writer was closed (table deleted or process stopping) before the commit."""
 
@@ -109,6 +156,14 @@ class GroupCommitter(ABC, Generic[T]):
         self._commit_lock = threading.Lock()
         self._pending: list[_Submission[T]] = []
         self._pending_bytes = 0
+        # How long after a drain began the next may begin (None: as soon as it ends). Set for
+        # journaled publishes: they are durable already, so a topic may gather more per commit.
+        self.linger: Callable[[], float] | None = None
+        self._drain_started = 0.0
+        # Bumped when a delayed drain is overtaken (expedite): the delayed task then does nothing.
+        self._drain_gen = 0
+        # A drain waits for its linger (not yet on the pool).
+        self._lingering = False
         # Submissions made, and submissions whose commit ended (committed or failed): in order.
         self._submitted = 0
         self._settled = 0
@@ -124,10 +179,24 @@ class GroupCommitter(ABC, Generic[T]):
             self._schedule()
 
     def _schedule(self) -> None:
-        """With ``_cond`` held: put a drain task on the pool if one is due and none is on."""
+        """With ``_cond`` held: put a drain task on the pool if one is due and none is on
+        (with a ``linger``, not before it has passed since the previous drain began)."""
         if self._started and self._pending and not self._draining:
             self._draining = True
-            commit_pool().submit(self._drain)
+            at = self._drain_started + self.linger() if self.linger is not None else 0.0
+            if at > time.monotonic() and not self._closed:
+                self._lingering = True
+                delayed().submit_at(at, functools.partial(self._drain, self._drain_gen))
+            else:
+                commit_pool().submit(self._drain, self._drain_gen)
+
+    def expedite(self) -> None:
+        """Drain now what waits for its linger (closing, or an admin change waiting on it)."""
+        with self._cond:
+            if self._lingering:
+                self._lingering = False
+                self._drain_gen += 1  # the delayed task finds itself stale
+                commit_pool().submit(self._drain, self._drain_gen)
 
     # -- submitting side (any thread) ------------------------------------------------------
 
@@ -146,6 +215,8 @@ class GroupCommitter(ABC, Generic[T]):
         on timeout. Blocking: call it from a thread."""
         with self._cond:
             target = self._submitted
+        self.expedite()
+        with self._cond:
             return self._cond.wait_for(lambda: self._settled >= target, timeout_s)
 
     def exclusive(self) -> threading.Lock:
@@ -184,6 +255,8 @@ class GroupCommitter(ABC, Generic[T]):
         with self._cond:
             self._closed = True
             self._schedule()
+        self.expedite()
+        with self._cond:
             self._cond.wait_for(lambda: not self._draining, timeout_s)
         self._appender.close()
 
@@ -193,10 +266,14 @@ class GroupCommitter(ABC, Generic[T]):
 
     # -- the commit thread ----------------------------------------------------------------
 
-    def _drain(self) -> None:
+    def _drain(self, gen: int = 0) -> None:
         """A pool task: one commit of what is pending; if more came meanwhile, the next
         commit goes to the back of the pool's queue (busy tables take turns)."""
         with self._cond:
+            if gen != self._drain_gen:
+                return  # expedited: another task drains instead
+            self._lingering = False
+            self._drain_started = time.monotonic()
             batch = self._take_batch()
         taken = len(batch)
         started = time.perf_counter()

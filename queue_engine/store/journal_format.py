@@ -24,7 +24,7 @@ _HEAD = struct.Struct(">QqqqHI")
 NONE = -1
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Record:
     position: int
     topic: str
@@ -52,11 +52,20 @@ def encode(record: Record) -> bytes:
                 len(bodies),
             ),
             topic,
-            np.fromiter(map(len, bodies), dtype=">u4", count=len(bodies)).tobytes(),
+            _lengths(bodies),
             *bodies,
         )
     )
     return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+_ONE_LENGTH = struct.Struct(">I")
+
+
+def _lengths(bodies: list[bytes]) -> bytes:
+    if len(bodies) == 1:
+        return _ONE_LENGTH.pack(len(bodies[0]))  # a PUB: numpy costs more than it saves here
+    return np.fromiter(map(len, bodies), dtype=">u4", count=len(bodies)).tobytes()
 
 
 @dataclass(frozen=True)
