@@ -5,9 +5,9 @@
    message) until it is empty. msg/s.
 2. publish: 16 connections for ``--seconds`` each, ``PUB`` one message and wait for OK; then
    ``MPUB`` of 100. msg/s.
-3. latency: one consumer (RDY 100, FIN each) on a channel, a publisher at ``--rate`` msg/s over
-   ``PUB``, each body its publish time (deltaq: the fanout streaming). p50/p99 publish ->
-   delivered.
+3. latency: one consumer (RDY 100, FIN each) on a channel, a publisher at ``--rate`` msg/s
+   (default 1,000) pipelining ``PUB`` on one connection (it does not wait for each OK), each
+   body its publish time (deltaq: the fanout streaming). p50/p99 publish -> delivered.
 
 Prints each figure for both and the ratio deltaq / nsqd. The load generator is Python
 (processes of raw sockets, frames parsed in bulk); both servers get the same.
@@ -15,7 +15,7 @@ Prints each figure for both and the ratio deltaq / nsqd. The load generator is P
 With ``--store s3`` deltaq's warehouse is on moto's S3 server behind a loopback proxy adding
 ``--store-delay-ms`` to every request (nsqd keeps its files on local disk, as it always does).
 
-    python bench/tcp.py [--backlog 200000] [--seconds 10] [--rate 200] [--only consume]
+    python bench/tcp.py [--backlog 200000] [--seconds 10] [--rate 1000] [--only consume]
                         [--consumers 4] [--store local|s3] [--store-delay-ms 20]
 """
 
@@ -28,6 +28,7 @@ import socket
 import struct
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -254,12 +255,33 @@ def latency(target: Target, rate: int, seconds: float) -> tuple[float, float]:
         pub(b"warmup")
         time.sleep(0.5)
     time.sleep(2)
+    # From here the publisher pipelines, as go-nsq's PublishAsync and pynsq's Writer do: it
+    # sends each PUB when due and reads the answers in another thread.
+    answered = [0]
+
+    def read_answers() -> None:
+        buffer = bytearray()
+        while True:
+            try:
+                data = sock.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            buffer += data
+            frames, used = _frames(buffer)
+            del buffer[:used]
+            answered[0] += sum(1 for _, payload in frames if payload == b"OK")
+
+    reader = threading.Thread(target=read_answers, daemon=True)
+    reader.start()
     interval = 1 / rate
     next_at = time.monotonic()
     end = next_at + seconds
     sent = 0
     while time.monotonic() < end:
-        pub(f"t {time.time_ns()}".encode())
+        body = f"t {time.time_ns()}".encode()
+        sock.sendall(f"PUB {topic}\n".encode() + struct.pack(">i", len(body)) + body)
         sent += 1
         next_at += interval
         time.sleep(max(0.0, next_at - time.monotonic()))
@@ -288,7 +310,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backlog", type=int, default=200_000)
     parser.add_argument("--seconds", type=float, default=10)
-    parser.add_argument("--rate", type=int, default=200)
+    parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--only", choices=["consume", "publish", "latency"])
     parser.add_argument("--consumers", type=int, default=CONSUMERS)
     parser.add_argument("--store", default="local", choices=["local", "s3"])
