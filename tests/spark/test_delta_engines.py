@@ -222,8 +222,14 @@ def test_another_engine_maintains_a_topic_while_deltaq_publishes_and_consumes(
             acknowledged.append(body)
 
     def ids_of(*bodies: bytes) -> list[str]:
-        table = DeltaTable(topic).to_pyarrow_table(columns=["id", "body"]).to_pylist()
-        return [r["id"] for r in table if r["body"] in bodies]
+        # Acknowledged means journaled: the row reaches the table a topic commit later.
+        deadline = time.monotonic() + 10
+        while True:
+            table = DeltaTable(topic).to_pyarrow_table(columns=["id", "body"]).to_pylist()
+            found = [r["id"] for r in table if r["body"] in bodies]
+            if len(found) >= len(bodies) or time.monotonic() > deadline:
+                return found
+            time.sleep(0.05)
 
     publish(0, 40)
     run_once(delta, wh)
