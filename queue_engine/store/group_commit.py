@@ -49,6 +49,9 @@ Notify = Callable[[list[Any], BaseException | None], None]
 
 T = TypeVar("T")
 
+# A lingering writer commits at once when this much waits.
+LINGER_MAX_BYTES = 8 * 1024 * 1024
+
 # The longest pause between retries of a commit of acknowledged publishes.
 _RETRY_MAX_S = 5.0
 
@@ -209,6 +212,13 @@ class GroupCommitter(ABC, Generic[T]):
             self._pending_bytes += nbytes
             self._submitted += 1
             self._schedule()
+            if self._lingering and self._pending_bytes >= min(
+                self._commit_max_bytes, LINGER_MAX_BYTES
+            ):
+                # Enough for a commit of its own: lingering longer only holds memory.
+                self._lingering = False
+                self._drain_gen += 1
+                commit_pool().submit(self._drain, self._drain_gen)
 
     def wait_settled(self, timeout_s: float = 30.0) -> bool:
         """Wait until everything submitted before this call is committed (or failed); False
