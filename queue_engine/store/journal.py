@@ -15,6 +15,7 @@ only ever grows.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import heapq
 import logging
@@ -22,6 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +43,8 @@ JOURNAL_DIR = "_deltaq/journal"
 # A local segment is closed and a new one started past this size; closed segments whose
 # publishes are all in their topics' tables are deleted.
 SEGMENT_BYTES = 16 * 1024 * 1024
+# Journal writes (PUTs) under way at once on an object store.
+REMOTE_IN_FLIGHT = 4
 # How often drained objects of a journal on an object store are deleted (one request each).
 REMOTE_TRUNCATE_S = 1.0
 
@@ -60,6 +64,24 @@ def app_id(token: str) -> str:
 
 def journal_root(warehouse: str) -> str:
     return f"{warehouse.rstrip('/')}/{JOURNAL_DIR}"
+
+
+@dataclass
+class _Write:
+    records: list[Record]
+    tokens: list[Any]
+    future: Future[None]
+
+
+def _object_name(first: int, last: int) -> str:
+    return f"{first:020d}-{last:020d}.jrn"
+
+
+def _delete_quietly(urls: list[str]) -> None:
+    try:
+        delete_objects(urls)
+    except Exception:
+        log.warning("deleting %d drained journal objects failed", len(urls), exc_info=True)
 
 
 @dataclass
@@ -93,6 +115,14 @@ class Journal:
         # Figures for /stats and benchmarks.
         self.writes = 0
         self.records = 0
+        # On an object store writes overlap (each is a PUT of tens of ms); their publishes are
+        # still handed on in order.
+        self._max_in_flight = REMOTE_IN_FLIGHT if self._remote else 1
+        self._puts = (
+            ThreadPoolExecutor(REMOTE_IN_FLIGHT + 1, thread_name_prefix="deltaq-journal-put")
+            if self._remote
+            else None
+        )
         if not self._remote:
             os.makedirs(self.path, exist_ok=True)
         self._thread = threading.Thread(target=self._run, name="deltaq-journal", daemon=True)
@@ -158,42 +188,80 @@ class Journal:
     # -- the journal's thread ---------------------------------------------------------------
 
     def _run(self) -> None:
+        """Take what is pending as one write, at most ``_max_in_flight`` at once (on an object
+        store PUTs overlap; on local disk one write + fdatasync at a time); hand writes on
+        in the order they were taken, whatever order they end in."""
+        in_flight: collections.deque[_Write] = collections.deque()
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._pending or self._closed, timeout=1.0)
-                batch, self._pending = self._pending, []
-            if not batch:
-                if self._closed:
+                self._cond.wait_for(
+                    lambda: (
+                        (bool(self._pending) and len(in_flight) < self._max_in_flight)
+                        or (bool(in_flight) and in_flight[0].future.done())
+                        or (self._closed and not in_flight)
+                    ),
+                    timeout=1.0,
+                )
+                batch: list[tuple[Record, bytes, Any]] = []
+                if len(in_flight) < self._max_in_flight:
+                    batch, self._pending = self._pending, []
+                stop = self._closed and not self._pending
+            if batch:
+                in_flight.append(self._start_write(batch))
+            while in_flight and in_flight[0].future.done():
+                self._finish_write(in_flight.popleft())
+            if not batch and not in_flight:
+                if stop:
+                    if self._puts is not None:
+                        self._puts.shutdown(wait=True)
                     return
                 self._truncate()
-                continue
-            records = [r for r, _, _ in batch]
-            tokens = [t for _, _, t in batch]
-            error: BaseException | None = None
-            try:
-                self._write(records, b"".join(frame for _, frame, _ in batch))
-            except BaseException as exc:  # reported to every publisher of the write
-                log.exception("writing %d publishes to the journal failed", len(batch))
-                error = exc
-            if error is None:
-                with self._cond:
-                    for record in records:
-                        heapq.heappush(self._undrained, record.position)
-                self.writes += 1
-                self.records += len(records)
-            try:
-                self._on_durable(records, tokens, error)
-            except Exception:
-                log.exception("handing %d journaled publishes on failed", len(records))
-            self._truncate()
 
-    def _write(self, records: list[Record], data: bytes) -> None:
+    def _start_write(self, batch: list[tuple[Record, bytes, Any]]) -> _Write:
+        records = [r for r, _, _ in batch]
+        data = b"".join(frame for _, frame, _ in batch)
+        write = _Write(records, [t for _, _, t in batch], Future())
+        if self._puts is not None:
+            write.future = self._puts.submit(self._put, records, data)
+            write.future.add_done_callback(self._wake)
+            return write
+        try:
+            self._write_local(records, data)
+            write.future.set_result(None)
+        except BaseException as exc:  # reported to every publisher of the write
+            write.future.set_exception(exc)
+        return write
+
+    def _wake(self, _: Future[None]) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _finish_write(self, write: _Write) -> None:
+        records = write.records
+        error = write.future.exception()
+        if error is not None:
+            log.error("writing %d publishes to the journal failed: %s", len(records), error)
+        else:
+            if self._remote:
+                first, last = records[0].position, records[-1].position
+                self._segments.append(_Segment(_object_name(first, last), first, last))
+            with self._cond:
+                for record in records:
+                    heapq.heappush(self._undrained, record.position)
+            self.writes += 1
+            self.records += len(records)
+        try:
+            self._on_durable(records, write.tokens, error)
+        except Exception:
+            log.exception("handing %d journaled publishes on failed", len(records))
+        self._truncate()
+
+    def _put(self, records: list[Record], data: bytes) -> None:
+        name = _object_name(records[0].position, records[-1].position)
+        put_objects([(f"{self.path}/{name}", data)])
+
+    def _write_local(self, records: list[Record], data: bytes) -> None:
         first, last = records[0].position, records[-1].position
-        if self._remote:
-            name = f"{first:020d}-{last:020d}.jrn"
-            put_objects([(f"{self.path}/{name}", data)])
-            self._segments.append(_Segment(name, first, last))
-            return
         if self._fd is None or self._size >= SEGMENT_BYTES:
             self._roll(first)
         assert self._fd is not None
@@ -241,7 +309,10 @@ class Journal:
                 if time.monotonic() - self._truncated_at < REMOTE_TRUNCATE_S:
                     return
                 self._truncated_at = time.monotonic()
-                delete_objects([f"{self.path}/{s.name}" for s in done])
+                assert self._puts is not None
+                # Beside the PUTs, not in their way; objects a failed delete leaves are read
+                # again at recovery and skipped there (their publishes are committed).
+                self._puts.submit(_delete_quietly, [f"{self.path}/{s.name}" for s in done])
             else:
                 for segment in done:
                     with contextlib.suppress(FileNotFoundError):
