@@ -417,3 +417,36 @@ def test_an_admin_moves_a_channel_to_another_node(
     seen = {base64.b64decode(m["body"]).decode() for m in got}
     assert len(bodies) == 3 and not seen & set(bodies), (bodies, seen)
     assert sorted([*seen, *bodies]) == ["m1", "m2", "m3", "m4", "m5"]
+
+
+def test_a_live_node_commits_what_a_killed_nodes_journal_holds(
+    server_factory: type[Server], tmp_path: Path
+) -> None:
+    """A node killed with acknowledged publishes only in its journal (its topic commits
+    linger 5 s): the node that outlives it commits them, once, and removes the journal."""
+    warehouse = tmp_path / "wh"
+    survivor = server_factory(warehouse).start()
+    doomed = server_factory(warehouse, env={"DELTAQ_DRAIN_LINGER_MS": "5000"}).start()
+    assert httpx.post(f"{doomed.url}/pub?topic=j", content=b"first").text == "OK"
+    deadline = time.monotonic() + 10
+    while not (warehouse / "topics" / "j").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    bodies = [f"j{i}".encode() for i in range(20)]
+    for body in bodies:
+        assert httpx.post(f"{doomed.url}/pub?topic=j", content=body).text == "OK"
+    doomed.kill9()
+    journal = warehouse / "_deltaq" / "journal"
+    in_table = set(
+        DeltaTable(str(warehouse / "topics" / "j")).to_pyarrow_table()["body"].to_pylist()
+    )
+    assert not set(bodies) <= in_table, "the publishes were still lingering at the kill"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        table = DeltaTable(str(warehouse / "topics" / "j")).to_pyarrow_table()
+        if set(bodies) <= set(table["body"].to_pylist()):
+            break
+        time.sleep(0.2)
+    assert Counter(table["body"].to_pylist()) == Counter([b"first", *bodies])
+    token = httpx.get(f"{survivor.url}/info").json()["node"].get("token")
+    left = sorted(p.name for p in journal.iterdir())
+    assert len(left) == 1 and (token is None or left == [token]), left
