@@ -134,10 +134,8 @@ class Topics:
             commit_max_bytes=self.settings.commit_max_bytes,
             name=name,
             id_lane=self._lane or 0,
-            journal_app_id=self.journal.app_id if self.journal is not None else None,
         )
-        if self.journal is not None:
-            writer.linger = functools.partial(self._pacer.linger, name)
+        self._journaled(name, writer)
         self._writers[name] = writer
         self._maintenance.watch(writer.path)
         return writer
@@ -263,9 +261,19 @@ class Topics:
 
     # -- the node journal -------------------------------------------------------------------
 
+    def _journaled(self, name: str, writer: TopicWriter) -> None:
+        """Once the journal runs: the writer's commits record the journal's app transaction,
+        and linger (its publishes are durable before they reach it)."""
+        if self.journal is not None:
+            writer.journal_app_id = self.journal.app_id
+            writer.linger = functools.partial(self._pacer.linger, name)
+
     def start_journal(self, token: str) -> None:
         """Journal publishes from now on (ack = "journal")."""
         self.journal = Journal(self.settings.warehouse, token, self._durable)
+        for name, writer in list(self._writers.items()):
+            # Opened before (recovering a dead process's journal at start).
+            self._journaled(name, writer)
 
     def _durable(
         self, records: list[Record], tokens: list[Any], error: BaseException | None

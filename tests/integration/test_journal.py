@@ -141,3 +141,7 @@ def test_a_server_commits_what_a_dead_processs_journal_holds_once(
     assert "dead" not in journal_tokens(str(wh))
     assert httpx.post(f"{restarted.url}/pub", params={"topic": "t"}, content=b"e").text == "OK"
     assert sorted(topic_rows(wh, "t", 5)["body"].to_pylist()) == [b"a", b"b", b"c", b"d", b"e"]
+    # The writer opened to recover is the live journal's too: its commits record that journal.
+    [live] = journal_tokens(str(wh))
+    path = Warehouse(str(wh)).topic_path("t")
+    assert DeltaTable(path).transaction_version(app_id(live)) is not None
