@@ -219,14 +219,30 @@ def client(shared_server: Server) -> Iterator[httpx.Client]:
         yield c
 
 
+# The files that take longest in all (2-4 minutes each on 2 cores), longest first.
+LONGEST_FILES = [
+    "test_object_store.py",
+    "test_up.py",
+    "test_spark_cluster.py",
+    "test_delta_engines.py",
+    "test_go_nsq_suite.py",
+]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that runs on Spark (the ``spark`` fixture, directly or through another) is
     slow too: ``pytest -m "not slow"`` is the part a developer runs in a few minutes."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
-    # The files with slow tests first: run in parallel (pytest-xdist, a file per worker at a
-    # time), the long ones then overlap each other and the quick files fill the gaps at the
-    # end, instead of one long file running alone last.
+    # The longest files first, then the other files with slow tests: run in parallel
+    # (pytest-xdist, a file per worker at a time), the long ones then overlap each other and
+    # the quick files fill the gaps at the end, instead of one long file running alone last.
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)
+
+    def order(item: pytest.Item) -> tuple[int, bool]:
+        name = item.path.name
+        first = LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
+        return first, item.path not in slow_files
+
+    items.sort(key=order)
