@@ -268,8 +268,8 @@ class Broker:
         ttl_ms: int | None = None,
     ) -> None:
         """Append ``bodies`` to ``topic`` (created if needed); return once acknowledged
-        (queue_engine.topics.Topics.publish)."""
-        await self.topics.publish(topic, bodies, defer_ms, ttl_ms)
+        (queue_engine.topics.Topics.start_publish)."""
+        await (await self.topics.start_publish(topic, bodies, defer_ms, ttl_ms))
 
     async def start_publish(
         self, topic: str, bodies: list[bytes], defer_ms: int | None = None

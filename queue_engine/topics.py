@@ -175,16 +175,6 @@ class Topics:
 
     # -- publishing -----------------------------------------------------------------------
 
-    async def publish(
-        self,
-        topic: str,
-        bodies: list[bytes],
-        defer_ms: int | None = None,
-        ttl_ms: int | None = None,
-    ) -> None:
-        """Append ``bodies`` to ``topic`` (created if needed); return once acknowledged."""
-        await (await self.start_publish(topic, bodies, defer_ms, ttl_ms))
-
     async def start_publish(
         self,
         topic: str,

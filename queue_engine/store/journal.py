@@ -112,9 +112,6 @@ class Journal:
         self._fd: int | None = None
         self._size = 0
         self._truncated_at = 0.0
-        # Figures for /stats and benchmarks.
-        self.writes = 0
-        self.records = 0
         # On an object store writes overlap (each is a PUT of tens of ms); their publishes are
         # still handed on in order.
         self._max_in_flight = REMOTE_IN_FLIGHT if self._remote else 1
@@ -248,8 +245,6 @@ class Journal:
             with self._cond:
                 for record in records:
                     heapq.heappush(self._undrained, record.position)
-            self.writes += 1
-            self.records += len(records)
         try:
             self._on_durable(records, write.tokens, error)
         except Exception:

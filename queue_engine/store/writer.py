@@ -70,12 +70,12 @@ class TopicWriter(GroupCommitter[_Publish]):
         fast_appends: bool = True,
         name: str = "",
         id_lane: int = 0,
-        journal_app_id: str | None = None,
     ) -> None:
         dt = open_or_create(path, TOPIC_SCHEMA)
         # Commits of journaled publishes record this app transaction (queue_engine.store
-        # .journal): version = the newest journal position the commit carries.
-        self.journal_app_id = journal_app_id
+        # .journal): version = the newest journal position the commit carries. Set by the
+        # node once its journal runs.
+        self.journal_app_id: str | None = None
         floor, count = _scan(dt)
         super().__init__(
             path,
