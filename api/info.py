@@ -129,8 +129,11 @@ def _topic_json(t: TopicStats) -> dict[str, Any]:
                 "clients": [_client_json(k) for k in c.clients],
                 "paused": c.paused,
                 "e2e_processing_latency": _e2e(),
-                # deltaq: the node serving the channel (null: none known to this node yet).
+                # deltaq: the node serving the channel here (this one if it serves any of
+                # it; null: none known to this node yet) and the id lanes it serves (null:
+                # all: a node alone on its warehouse).
                 "node": c.node,
+                "lanes": list(c.lanes) if c.lanes is not None else None,
             }
             for c in t.channels
         ],

@@ -425,25 +425,28 @@ class Broker:
             was = old_topic.channels.get(channel) if old_topic is not None else None
             if was is not None and was.paused and not info.channels[channel].paused:
                 await runtime.wake()
-        await self._follow_moves(before, after)
+        await self._follow_channels(before, after)
 
-    async def _follow_moves(self, before: Registry, after: Registry) -> None:
-        """Channels an admin moved since ``before``: open those moved here, note where the
-        others went (for /stats)."""
-        me = self.cluster.me
-        if me is None:
-            return
+    async def _follow_channels(self, before: Registry, after: Registry) -> None:
+        """Channels other nodes created, moved or emptied since ``before``: serve this node's
+        shares of the new ones, claim again where shares moved, empty the shares served
+        here (the node asked emptied its own)."""
         for name, info in after.topics.items():
             old = before.topics.get(name)
             for channel, state in info.channels.items():
+                if self._closing:
+                    return
                 was = old.channels.get(channel) if old is not None else None
-                if state.moved_to is None or (was is not None and was.moved_seq == state.moved_seq):
-                    continue
-                if state.moved_to != me.lane:
-                    if (name, channel) not in self.channels:
-                        self.cluster.elsewhere[(name, channel)] = str(state.moved_to_url)
-                elif (name, channel) not in self.channels and not self._closing:
+                if was is None or was.moved_seq != state.moved_seq:
                     await self.channels.open_if_ours(name, channel)
+                runtime = self.channels.get(name, channel)
+                if (
+                    was is not None
+                    and state.emptied_at_us != was.emptied_at_us
+                    and runtime is not None
+                    and runtime.lanes is not None
+                ):
+                    await runtime.empty()
 
     async def _run_watch(self) -> None:
         """Every WATCH_INTERVAL_S: follow registry events of other nodes; when a node died
@@ -457,9 +460,10 @@ class Broker:
                 if await self._registry.moved():
                     await self.refresh_registry()
                 nodes = await asyncio.to_thread(self.cluster.live)
-                if self.cluster.seen(nodes) or passes % 10 == 0:
+                changed = self.cluster.seen(nodes)
+                if changed or passes % 10 == 0:
                     await self._recover_dead_journals()
-                    await self._take_over(nodes)
+                    await self._take_over(nodes, every=changed)
             except Exception:
                 log.exception("watching the warehouse's nodes failed (retrying)")
 
@@ -471,11 +475,21 @@ class Broker:
         async with self._registry.admin:
             await asyncio.to_thread(self._recover_journals, journals, nodes)
 
-    async def _take_over(self, nodes: dict[int, NodeRecord]) -> None:
-        """Open the channels no live node owns; note where the others are served."""
+    async def _take_over(self, nodes: dict[int, NodeRecord], *, every: bool) -> None:
+        """Claim again the shares of the channels (``every``: all of them, as nodes joined
+        or died; else those not served here yet, or without this node's own share): take the
+        shares of dead nodes, hand back those of nodes that came back."""
+        me = self.cluster.me
         for name, info in list(self.registry.topics.items()):
             for channel in list(info.channels):
-                if (name, channel) in self.channels or self._closing:
+                if self._closing:
+                    return
+                runtime = self.channels.get(name, channel)
+                if (
+                    not every
+                    and runtime is not None
+                    and (runtime.lanes is None or me is None or me.lane in runtime.lanes)
+                ):
                     continue
                 async with self._registry.admin:
                     if name in self.registry.topics and channel in info.channels:

@@ -25,6 +25,7 @@ from queue_engine.channel_queue import Answer, ChannelQueue, Delivery
 from queue_engine.channel_restore import add_rows, expires_at, restore_channel
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.lease import EventKind, LeaseEvent
+from queue_engine.shares import lane_of
 from queue_engine.store.channel_reader import ChannelReader
 from queue_engine.store.commit_log import commit_file
 from queue_engine.store.dead_letters import DeadLetterStore
@@ -120,9 +121,17 @@ class ChannelRuntime:
         is_paused: Callable[[], bool],
         notify: Callable[[list[object], BaseException | None], None],
         on_waiting: Callable[[ChannelRuntime], None] | None = None,
+        lanes: frozenset[int] | None = None,
     ) -> None:
         self.topic = topic
         self.channel = channel
+        # The shares of the channel served here (queue_engine.shares; None: all of it).
+        self.lanes = lanes
+        # Set when this runtime closes because another (other shares) serves the channel on
+        # from here: its consumers carry on there (None: the channel stopped here).
+        self.handed_on: asyncio.Future[ChannelRuntime | None] = (
+            asyncio.get_running_loop().create_future()
+        )
         self.messages_path = messages_path
         self.ledger_path = ledger_path
         self.state_path = state_path
@@ -143,7 +152,7 @@ class ChannelRuntime:
         # Held from taking dead letters until their DEAD events are submitted, and by a
         # redrive: a REDRIVE never reaches the ledger before the DEAD it undoes.
         self._burying = asyncio.Lock()
-        self._reader = ChannelReader(messages_path)
+        self._reader = ChannelReader(messages_path, lanes)
         # Unread rows of messages the ledger already knew (they are not depth).
         self._known_unread = 0
         self._writer: LoopLedgerWriter | LedgerWriter | None = None
@@ -182,6 +191,7 @@ class ChannelRuntime:
                 self.ledger_path,
                 self.state_path,
                 now_us(),
+                self.lanes,
             )
             self.queue, self._reader = self._configured(restored.queue), restored.reader
             self._known_unread = restored.known_unread
@@ -190,12 +200,28 @@ class ChannelRuntime:
         await self.refill()
 
     async def close(self) -> None:
-        """Wake every waiting SUB (they answer with no messages) and stop the ledger writer."""
+        """Wake every waiting SUB (they answer with no messages) and stop the ledger writer:
+        what it had taken is committed when this returns."""
         self.closed = True
         await self.wake()
         if self._writer is not None:
             await self._writer.aclose()
         await asyncio.to_thread(self._dead.close)
+
+    def hand_on(self, successor: ChannelRuntime | None) -> None:
+        """Tell this closed runtime's consumers where the channel is served on (None: not
+        here)."""
+        if not self.handed_on.done():
+            self.handed_on.set_result(successor)
+
+    def serves(self, message_id: str) -> bool:
+        """Whether ``message_id`` is of a share served here."""
+        if self.lanes is None:
+            return True
+        try:
+            return lane_of(message_id) in self.lanes
+        except ValueError:
+            return True  # not an id: the queue answers it as unknown
 
     def set_max_attempts(self, max_attempts: int) -> None:
         """Deliveries a message may have from now on (0: no limit); dead letters stay dead."""

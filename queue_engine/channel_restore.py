@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from queue_engine.channel_queue import ChannelQueue
 from queue_engine.lease import FRESH, LeaseEvent, fold
+from queue_engine.shares import ALL_LANES, keep_lanes
 from queue_engine.store.channel_reader import ChannelReader
 from queue_engine.store.ledger import read_ledger, read_ledger_after
 from queue_engine.store.state import StateMeta, load_states, read_meta, read_state
@@ -34,16 +35,25 @@ class Restored:
 
 
 def restore_channel(
-    name: str, messages_path: str, ledger_path: str, state_path: str | None, now: int
+    name: str,
+    messages_path: str,
+    ledger_path: str,
+    state_path: str | None,
+    now: int,
+    lanes: frozenset[int] | None = None,
 ) -> Restored:
-    """The channel's queue as of ``now`` from its tables (blocking I/O)."""
+    """The channel's queue as of ``now`` from its tables (blocking I/O); ``lanes``: only the
+    messages of these shares (queue_engine.shares; None: all)."""
     started = time.perf_counter()
+    if lanes == ALL_LANES:
+        lanes = None
     meta = read_meta(state_path) if state_path else None
     queue = ChannelQueue()
-    reader = ChannelReader(messages_path)
+    reader = ChannelReader(messages_path, lanes)
     if meta is None or state_path is None:
         # Never swept: the fold of the whole ledger.
         events, version = read_ledger(ledger_path)
+        events = _in_lanes(events, lanes)
         states = fold(events)
         queue.restore(states, now)
         paths = reader.snapshot()
@@ -52,7 +62,7 @@ def restore_channel(
         source = f"ledger v{version} ({len(events)} events)"
     else:
         events, version, paths, known = _from_state(
-            meta, state_path, ledger_path, queue, reader, now
+            meta, state_path, ledger_path, queue, reader, now, lanes
         )
         source = (
             f"state v{meta.state_version} + ledger v{meta.ledger_version}..v{version} "
@@ -88,12 +98,14 @@ def _from_state(
     queue: ChannelQueue,
     reader: ChannelReader,
     now: int,
+    lanes: frozenset[int] | None,
 ) -> tuple[list[LeaseEvent], int, list[str], int]:
     """The sweep's state plus the ledger after it: bounded by the live messages, however
     long the channel has lived."""
-    states, unstarted, oldest = load_states(read_state(state_path, meta))
+    states, unstarted, oldest = load_states(keep_lanes(read_state(state_path, meta), lanes))
     lowest = meta.topic_version + 1 if oldest is None else min(oldest, meta.topic_version + 1)
     events, version = read_ledger_after(ledger_path, meta.ledger_version)
+    events = _in_lanes(events, lanes)
     folded = fold(events, states)
     for message_id, state in list(folded.items()):
         if state is FRESH:
@@ -111,9 +123,17 @@ def _from_state(
     reader.max_topic_version = max(reader.max_topic_version, meta.topic_version)
     # Unread rows that will not enter the queue as new: all but the unstarted ones and
     # the rows newer than the state that no event has touched.
-    new_rows = ChannelReader.count_new(paths, meta.topic_version, set(folded))
+    new_rows = ChannelReader.count_new(paths, meta.topic_version, set(folded), lanes)
     known = reader.unread_rows - len(unstarted) - new_rows
     return events, version, paths, known
+
+
+def _in_lanes(events: list[LeaseEvent], lanes: frozenset[int] | None) -> list[LeaseEvent]:
+    """The events of messages in ``lanes`` (None: all)."""
+    if lanes is None:
+        return events
+    digits = {f"{lane:x}" for lane in lanes}
+    return [e for e in events if e.id[-1:] in digits]
 
 
 def add_rows(queue: ChannelQueue, table: pa.Table, now: int) -> int:

@@ -1,8 +1,10 @@
 """The channels of one node (nsqd's ``Channel``s): the ones it serves, and their admin.
 
-A channel this node serves is a ``ChannelRuntime`` (queue_engine.channel) ticked by the pump
-(queue_engine.pump). Which node serves a channel is decided by its claims
-(queue_engine.cluster); a channel another live node owns answers ``ChannelElsewhereError``.
+Every node serves every channel: its shares of it (queue_engine.shares), as one
+``ChannelRuntime`` (queue_engine.channel) ticked by the pump (queue_engine.pump). Which node
+holds which share is decided by the channel's claims (queue_engine.cluster); a FIN, REQ or
+TOUCH of a message of a share another live node holds answers ``ChannelElsewhereError``
+(redirected there), as does a call that must run where a share is served.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from queue_engine.pump import Pump
 from queue_engine.registry import Action, RegistryEvent
 from queue_engine.replay import Bound, ReplayResult, run_replay
 from queue_engine.settings import Settings
+from queue_engine.shares import Holder, changed, lane_of, served_by
 from queue_engine.stats import ChannelStats
 from queue_engine.store.commit_log import latest_version
 from queue_engine.store.maintenance import Maintenance
@@ -69,9 +72,9 @@ class Channels:
     # -- serving --------------------------------------------------------------------------
 
     async def runtime(self, topic: str, channel: str, *, create: bool = False) -> ChannelRuntime:
-        """The channel's runtime on this node: opened if this node may own it, else
-        ``ChannelElsewhereError`` naming the node that does. ``create``: the topic and the
-        channel are created if needed (nsqd's GetTopic + GetChannel)."""
+        """The channel's runtime on this node, serving the shares it holds (opened if needed).
+        ``create``: the topic and the channel are created if needed (nsqd's GetTopic +
+        GetChannel)."""
         runtime = self._open.get((topic, channel))
         if runtime is not None:
             return runtime
@@ -101,25 +104,70 @@ class Channels:
             if runtime is not None:
                 return runtime
             self._registry.registry.existing_channel(topic, channel)
-            owner = await asyncio.to_thread(self._cluster.owner, topic, channel)
-            if owner is not None:
-                raise ChannelElsewhereError(owner.http_url, owner.tcp_address)
-            return await self._start(topic, channel)
+            return await self.serve_shares(topic, channel)
 
     async def open_if_ours(
         self, topic: str, channel: str, nodes: dict[int, NodeRecord] | None = None
     ) -> bool:
-        """Open the channel if no other live node owns it (taking it); False if one does."""
-        if await asyncio.to_thread(self._cluster.owner, topic, channel, nodes) is not None:
-            return False
-        await self._start(topic, channel)
-        return True
+        """Serve the channel's shares this node should hold (under ``admin``); False if it
+        holds none."""
+        runtime = await self.serve_shares(topic, channel, nodes)
+        return runtime.lanes is None or bool(runtime.lanes)
 
-    async def _start(self, topic: str, channel: str) -> ChannelRuntime:
+    async def serve_shares(
+        self, topic: str, channel: str, nodes: dict[int, NodeRecord] | None = None
+    ) -> ChannelRuntime:
+        """Claim the channel's shares as queue_engine.shares.plan says, and serve what the
+        claim names this node for (under ``admin``). Shares handed away stop being served
+        here before the claim naming their new holder is written; shares taken are served
+        only after the claim naming this node is. ``nodes``: the live nodes, if just read."""
+        me = self._cluster.me
+        if me is None:
+            return await self._serve(topic, channel, None)
+        for _ in range(_RACE_RETRIES):
+            claim, after = await asyncio.to_thread(self._cluster.plan, topic, channel, nodes)
+            before = claim.shares if claim is not None else {}
+            mine = served_by(after, me)
+            if not changed(before, after):
+                return await self._serve(topic, channel, mine)
+            runtime = self._open.get((topic, channel))
+            if runtime is not None and runtime.lanes is not None and runtime.lanes - mine:
+                await self._serve(topic, channel, runtime.lanes & mine)
+            if await asyncio.to_thread(self._cluster.write, topic, channel, claim, after):
+                runtime = await self._serve(topic, channel, mine)
+                given = {
+                    holder.lane: holder
+                    for lane, holder in after.items()
+                    if lane in before and before[lane].is_node(me) and not holder.is_node(me)
+                }
+                for holder in given.values():
+                    # The new holder serves its share at once on this event (else at its
+                    # next look at the claims).
+                    try:
+                        await self._registry.record(
+                            Action.CHANNEL_MOVE,
+                            topic,
+                            channel,
+                            options={"lane": holder.lane, "http_url": holder.http_url},
+                        )
+                    except Exception:
+                        log.exception("recording the hand-back of %s/%s failed", topic, channel)
+                return runtime
+            nodes = None  # another node claimed first: decide again on a fresh view
+        raise QueueError(ErrorCode.INTERNAL_ERROR, f"could not claim {topic}/{channel}")
+
+    async def _serve(
+        self, topic: str, channel: str, lanes: frozenset[int] | None
+    ) -> ChannelRuntime:
+        """The channel served here for ``lanes``: the runtime serving them, else a new one
+        that the old one (other lanes) hands its consumers on to. The old one closes first,
+        so its last ledger commits are in the tables the new one restores from."""
         key = (topic, channel)
-        runtime = self._open.get(key)
-        if runtime is not None:
-            return runtime
+        old = self._open.get(key)
+        if old is not None and old.lanes == lanes:
+            return old
+        if old is not None:
+            await self.stop(topic, channel, handing_on=True)
         runtime = ChannelRuntime(
             topic,
             channel,
@@ -135,20 +183,39 @@ class Channels:
             is_paused=lambda: self._paused(topic, channel),
             notify=self._acks.committed,
             on_waiting=self.pump.heat,
+            lanes=lanes,
         )
-        await runtime.start()
+        try:
+            await runtime.start()
+        except BaseException:
+            if old is not None:
+                old.hand_on(None)
+            raise
         self._open[key] = runtime
         self.pump.add(runtime)
         self._maintenance.watch(runtime.ledger_path)
+        if old is not None:
+            old.hand_on(runtime)
+            log.info(
+                "%s/%s: now serving lanes %s here",
+                topic,
+                channel,
+                "all" if lanes is None else sorted(lanes),
+            )
         return runtime
 
-    async def stop(self, topic: str, channel: str) -> None:
-        """Stop serving the channel here (its tables stay)."""
+    async def stop(self, topic: str, channel: str, *, handing_on: bool = False) -> None:
+        """Stop serving the channel here (its tables stay). ``handing_on``: another runtime
+        takes over (its consumers wait for it), else they are told the channel stopped."""
         runtime = self._open.pop((topic, channel), None)
         if runtime is not None:
             self.pump.forget(runtime)
             self._maintenance.unwatch(runtime.ledger_path)
-            await runtime.close()
+            try:
+                await runtime.close()
+            finally:
+                if not handing_on:
+                    runtime.hand_on(None)
 
     async def stop_topic(self, topic: str) -> None:
         for key in [k for k in self._open if k[0] == topic]:
@@ -159,6 +226,7 @@ class Channels:
         self.pump.stop()
         for runtime in list(self._open.values()):
             await runtime.close()
+            runtime.hand_on(None)
         self._open.clear()
 
     def wake_all_closed(self) -> None:
@@ -191,8 +259,14 @@ class Channels:
         delay_us: int = 0,
         lease_us: int | None = None,
     ) -> None:
-        """FIN, REQ or TOUCH the given leases, all or none; durable when this returns."""
+        """FIN, REQ or TOUCH the given leases, all or none; durable when this returns. Leases
+        of messages of a share held by another live node, none of them served here, are
+        answered there (``ChannelElsewhereError``)."""
         runtime = await self.runtime(topic, channel)
+        if answers and not any(runtime.serves(a.id) for a in answers):
+            holder = self._cluster.elsewhere(topic, channel, lane_of(answers[0].id))
+            if holder is not None:
+                raise ChannelElsewhereError(holder.http_url, holder.tcp_address)
         await runtime.settle(
             kind,
             answers,
@@ -322,7 +396,8 @@ class Channels:
         return await asyncio.to_thread(run_replay, writer, channel, start, end, replay_id, limit)
 
     async def empty(self, topic: str, channel: str) -> int:
-        """Drop every message the channel holds (on its owner); returns how many."""
+        """Drop every message the channel holds: the shares served here now, the others' on
+        their nodes as they follow the registry event; returns how many were dropped here."""
         runtime = await self.runtime(topic, channel)
         async with self._registry.admin:
             self._registry.registry.existing_channel(topic, channel)
@@ -330,34 +405,43 @@ class Channels:
         return await runtime.empty()
 
     async def move(self, topic: str, channel: str, lane: int) -> str:
-        """Hand the channel to the live node in ``lane``; returns that node's URL.
+        """Hand the shares of the channel this node holds to the live node in ``lane``,
+        pinned there (not handed back to their own lanes' nodes); returns that node's URL.
 
-        Only the owner may move a channel (elsewhere: ChannelElsewhereError, so the call is
-        redirected to it). The owner stops the channel first, so its last ledger commits land
-        before the claim naming the new owner does; that node then restores the channel from
-        the tables as a restart would. Waiting SUBs answer empty and TCP consumers of the
-        channel are disconnected (as nsqd does when a channel goes); their leases stay in the
-        ledger, so what they hold is FIN'd at the new owner or times out there."""
+        This node stops serving them first, so its last ledger commits land before the claim
+        naming the new holder does; that node then restores them from the tables as a restart
+        would. Waiting SUBs answer empty and TCP consumers here carry on with what is left
+        (nothing, until a share comes back); the leases stay in the ledger, so what they hold
+        is FIN'd at the new holder (HTTP: redirected there) or times out there."""
         me = self._cluster.me
-        if me is None:
-            await self.runtime(topic, channel)
+        await self.known(topic, channel)
         target = await asyncio.to_thread(self._cluster.target, lane)
         assert me is not None
         if target.lane == me.lane:
             await self.runtime(topic, channel)
             return me.http_url
         for _ in range(_RACE_RETRIES):
-            await self.runtime(topic, channel)  # elsewhere: redirected to the owner
             async with self._registry.admin:
                 self._registry.registry.existing_channel(topic, channel)
-                if (topic, channel) not in self._open:
-                    continue  # moved or deleted while this call waited its turn: ask again
-                await self.stop(topic, channel)
-                if not await asyncio.to_thread(self._cluster.hand_over, topic, channel, target):
-                    raise QueueError(
-                        ErrorCode.INTERNAL_ERROR, f"could not hand over {topic}/{channel}"
-                    )
-                log.info("node %d moved channel %s/%s to node %d", me.lane, topic, channel, lane)
+                claim = await asyncio.to_thread(self._cluster.claim_of, topic, channel)
+                before = claim.shares if claim is not None else {}
+                mine = served_by(before, me)
+                after = {
+                    share: Holder.of(target, pinned=True) if share in mine else holder
+                    for share, holder in before.items()
+                }
+                await self._serve(topic, channel, frozenset())
+                if not await asyncio.to_thread(self._cluster.write, topic, channel, claim, after):
+                    await self.serve_shares(topic, channel)
+                    continue  # another claim came first: decide again
+                log.info(
+                    "node %d moved channel %s/%s lanes %s to node %d",
+                    me.lane,
+                    topic,
+                    channel,
+                    sorted(mine),
+                    lane,
+                )
                 try:
                     await self._registry.record(
                         Action.CHANNEL_MOVE,
@@ -366,7 +450,7 @@ class Channels:
                         options={"lane": target.lane, "http_url": target.http_url},
                     )
                 except Exception:
-                    # The claim is the move; the event only hastens it (the new owner's
+                    # The claim is the move; the event only hastens it (the new holder's
                     # watch finds the claim within ten watch passes otherwise).
                     log.exception("recording the move of %s/%s failed", topic, channel)
                 return target.http_url
@@ -389,7 +473,7 @@ class Channels:
         runtime = self._open.get((topic, channel))
         if runtime is None:
             return ChannelStats(
-                name=channel, paused=paused, node=self._cluster.elsewhere.get((topic, channel))
+                name=channel, paused=paused, node=self._cluster.served_elsewhere(topic, channel)
             )
         counts = runtime.counts()
         return ChannelStats(
@@ -409,5 +493,8 @@ class Channels:
             max_attempts=runtime.max_attempts,
             table_version=counts.table_version,
             ledger_version=counts.ledger_version,
-            node=self._cluster.url,
+            node=self._cluster.url
+            if runtime.lanes is None or runtime.lanes
+            else self._cluster.served_elsewhere(topic, channel),
+            lanes=None if runtime.lanes is None else tuple(sorted(runtime.lanes)),
         )

@@ -1,8 +1,9 @@
-"""This node among the warehouse's nodes: which channels it owns, and who owns the rest.
+"""This node among the warehouse's nodes: the shares of channels it holds, who holds the rest.
 
-A channel is served by one node at a time, its owner (queue_engine.store.ownership: claims
-put-if-absent, the owner's lane is the lease). A node alone on its warehouse (tests, embedded
-use: no ``Node``) owns every channel without claiming any.
+Every node serves every channel, each its shares (queue_engine.shares: one per id lane), as
+the channel's claims say (queue_engine.store.ownership: claims put-if-absent, a holder's lane
+is the lease). A node alone on its warehouse (tests, embedded use: no ``Node``) serves every
+share without claiming any.
 """
 
 from __future__ import annotations
@@ -10,15 +11,13 @@ from __future__ import annotations
 import logging
 
 from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.shares import Holder, plan
 from queue_engine.store.nodes import Node, NodeDirectory, NodeRecord
-from queue_engine.store.ownership import Ownership
+from queue_engine.store.ownership import Claim, Ownership
 
 log = logging.getLogger(__name__)
 
 JOURNAL_CLAIMS_DIR = "_deltaq/journal_claims"
-
-# A channel claim that raced another node's is decided again this many times.
-_RACE_RETRIES = 20
 
 
 class Membership:
@@ -32,8 +31,8 @@ class Membership:
         self._journals = Ownership(warehouse, JOURNAL_CLAIMS_DIR) if node is not None else None
         # Live nodes (lane -> token) as last seen, to notice one dying.
         self._seen: dict[int, str] = {}
-        # Channels other nodes own, and where (for /stats and redirects).
-        self.elsewhere: dict[tuple[str, str], str] = {}
+        # Who holds each share of the channels, as last read (for redirects and /stats).
+        self.holders: dict[tuple[str, str], dict[int, Holder]] = {}
         # Channels re-claimed from this lane's earlier process (counted, not logged one by one).
         self._taken_back = 0
 
@@ -56,47 +55,78 @@ class Membership:
         return self._directory.fresh() if self._directory is not None else {}
 
     def seen(self, nodes: dict[int, NodeRecord]) -> bool:
-        """Remember ``nodes`` as the live ones; True if a node seen before is gone."""
+        """Remember ``nodes`` as the live ones; True if a node seen before is gone or one
+        joined."""
         now = {lane: n.token for lane, n in nodes.items()}
-        died = any(now.get(lane) != token for lane, token in self._seen.items())
+        moved = now != self._seen
         self._seen = now
-        return died
+        return moved
 
-    def owner(
+    def claim_of(self, topic: str, channel: str) -> Claim | None:
+        """The channel's newest claim (blocking: claims are objects in the store)."""
+        assert self._ownership is not None
+        claim = self._ownership.current(topic, channel)
+        self.holders[(topic, channel)] = dict(claim.shares) if claim is not None else {}
+        return claim
+
+    def plan(
         self, topic: str, channel: str, nodes: dict[int, NodeRecord] | None = None
-    ) -> NodeRecord | None:
-        """The live node that owns the channel if not this one; else this node owns it now,
-        having claimed it if no live node did (blocking: claims are objects in the store).
-        ``nodes``: a view of the live nodes to start from (refreshed when the claim names a
-        node it lacks)."""
-        if self.node is None or self._ownership is None or self._directory is None:
-            return None
-        me = self.node.record
+    ) -> tuple[Claim | None, dict[int, Holder]]:
+        """The channel's newest claim and the shares as this node should claim them next
+        (queue_engine.shares.plan). ``nodes``: a view of the live nodes to start from (read
+        afresh when the claim names a node it lacks: a node that made a claim joined before
+        it, so a fresh view names it if it still lives)."""
+        assert self._directory is not None
+        me = self.me
         assert me is not None
-        for _ in range(_RACE_RETRIES):
-            claim = self._ownership.current(topic, channel)
-            if claim is not None and claim.lane is not None:
-                if claim.lane == me.lane and claim.token == me.token:
-                    self.elsewhere.pop((topic, channel), None)
-                    return None
-                # The live nodes are read after the claim: a node that made the claim joined
-                # before it, so a fresh view names it if it still lives.
-                holder = claim.held_by(nodes if nodes is not None else self._directory.current())
-                if holder is None:
-                    holder = claim.held_by(self._directory.fresh())
-                if holder is not None:
-                    self.elsewhere[(topic, channel)] = holder.http_url
-                    return holder
-            if self._ownership.claim(topic, channel, claim, me):
-                if claim is not None and claim.lane == me.lane:
-                    # This lane's earlier process served it: a restart, summed up once.
-                    self._taken_back += 1
-                    log.debug("node %d took back channel %s/%s", me.lane, topic, channel)
-                else:
-                    log.info("node %d took channel %s/%s", me.lane, topic, channel)
-                self.elsewhere.pop((topic, channel), None)
-                return None
-        raise QueueError(ErrorCode.INTERNAL_ERROR, f"could not take {topic}/{channel}")
+        claim = self.claim_of(topic, channel)
+        view = nodes if nodes is not None else self._directory.current()
+        if claim is not None and any(h.live(view) is None for h in claim.shares.values()):
+            view = self._directory.fresh()
+        return claim, plan(claim.shares if claim is not None else {}, view, me)
+
+    def write(
+        self, topic: str, channel: str, claim: Claim | None, shares: dict[int, Holder]
+    ) -> bool:
+        """Claim ``shares`` after ``claim``; False if another node claimed first."""
+        assert self._ownership is not None
+        me = self.me
+        assert me is not None
+        if not self._ownership.claim_shares(topic, channel, claim, shares):
+            return False
+        before = claim.shares if claim is not None else {}
+        self.holders[(topic, channel)] = dict(shares)
+        taken = sorted(
+            lane
+            for lane, h in shares.items()
+            if h.is_node(me) and not (lane in before and before[lane].is_node(me))
+        )
+        if taken:
+            if all(lane in before and before[lane].lane == me.lane for lane in taken):
+                self._taken_back += 1  # this lane's earlier process held them: a restart
+                log.debug("node %d took back %s/%s lanes %s", me.lane, topic, channel, taken)
+            else:
+                log.info("node %d took channel %s/%s lanes %s", me.lane, topic, channel, taken)
+        return True
+
+    def elsewhere(self, topic: str, channel: str, lane: int) -> NodeRecord | None:
+        """The live node other than this one that holds the channel's share ``lane``, as
+        last read."""
+        holder = self.holders.get((topic, channel), {}).get(lane)
+        me = self.me
+        if holder is None or me is None or holder.is_node(me):
+            return None
+        assert self._directory is not None
+        return holder.live(self._directory.current())
+
+    def served_elsewhere(self, topic: str, channel: str) -> str | None:
+        """The URL of a node serving shares of the channel, other than this one (for /stats
+        when this node serves none)."""
+        me = self.me
+        for holder in self.holders.get((topic, channel), {}).values():
+            if me is None or not holder.is_node(me):
+                return holder.http_url
+        return None
 
     def target(self, lane: int) -> NodeRecord:
         """The live node in ``lane`` (INVALID_NODE if none; or if this node is alone)."""
@@ -106,15 +136,6 @@ class Membership:
         if target is None:
             raise QueueError(ErrorCode.INVALID_NODE, f"no live node in lane {lane}", param="node")
         return target
-
-    def hand_over(self, topic: str, channel: str, target: NodeRecord) -> bool:
-        """Claim the channel for ``target`` (this node owns it: no other claim comes first)."""
-        assert self._ownership is not None
-        claim = self._ownership.current(topic, channel)
-        moved = self._ownership.claim(topic, channel, claim, target)
-        if moved:
-            self.elsewhere[(topic, channel)] = target.http_url
-        return moved
 
     def forget(self, topic: str, channel: str | None = None) -> None:
         """The claims of a deleted topic (every channel) or channel (blocking)."""

@@ -29,8 +29,11 @@ class ChannelStats:
     finish_count: int = 0
     table_version: int = -1
     ledger_version: int = -1
-    # The URL of the node serving the channel (several nodes on one warehouse), if known.
+    # The URL of the node serving the channel (several nodes on one warehouse), if known:
+    # this one when it serves any share of it.
     node: str | None = None
+    # The id lanes (shares) this node serves of the channel (None: all of it, alone).
+    lanes: tuple[int, ...] | None = None
 
     @property
     def client_count(self) -> int:

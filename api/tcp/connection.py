@@ -345,10 +345,15 @@ class Connection:
         try:
             while not self._closed:
                 if runtime.closed:
-                    # The channel was deleted (or the server is stopping): nsqd closes its
-                    # clients.
-                    self.transport.abort()
-                    return
+                    # Serving other shares now: carry on with the runtime that serves them.
+                    # Else the channel was deleted (or the server is stopping): nsqd closes
+                    # its clients.
+                    successor = await asyncio.wait_for(asyncio.shield(runtime.handed_on), 60)
+                    if successor is None or self._closed:
+                        self.transport.abort()
+                        return
+                    runtime = self.runtime = successor
+                    continue
                 if self._wanted() <= 0:
                     self._ready_changed.clear()
                     with contextlib.suppress(TimeoutError):
@@ -358,7 +363,7 @@ class Connection:
                 deliveries = await runtime.sub(self._wanted, PUMP_WAIT_S, lease_us, self.name)
                 if deliveries:
                     await self._push(runtime, deliveries)
-        except (Closed, QueueError) as exc:
+        except (Closed, QueueError, TimeoutError) as exc:
             log.info("%s: stops receiving: %s", self.name, exc)
             self.transport.abort()
 
@@ -624,6 +629,12 @@ class Connection:
         under that lease any more: their error frames are written)."""
         runtime = self.runtime
         assert runtime is not None
+        while runtime.closed and runtime.handed_on.done() and runtime.handed_on.result():
+            # The channel's shares changed here: the runtime serving them now has these
+            # leases (restored from the ledger).
+            successor = runtime.handed_on.result()
+            assert successor is not None
+            runtime = self.runtime = successor
         refused: list[str] = []
         while answers:
             try:

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
+from queue_engine.shares import ALL_LANES, in_lanes, keep_lanes
 from queue_engine.store.commit_log import absolute_path, added_files, commit_file, latest_version
 from queue_engine.store.tables import (
     CHANNEL_MESSAGES_SCHEMA,
@@ -39,10 +40,15 @@ class _File:
 
 
 class ChannelReader:
-    """The unread rows of one channel table: a file list, a cursor in the current file."""
+    """The unread rows of one channel table: a file list, a cursor in the current file.
 
-    def __init__(self, path: str) -> None:
+    ``lanes``: only the rows of these id lanes (a node's shares of the channel; None: every
+    row). Then each file's rows are counted by reading its ids, files without such rows are
+    never read, and every figure here counts those rows only."""
+
+    def __init__(self, path: str, lanes: frozenset[int] | None = None) -> None:
         self.path = path
+        self.lanes = None if lanes == ALL_LANES else lanes
         self.version = -1
         self.message_count = 0
         # The newest topic version whose messages the fanout has put in this table (-1: none).
@@ -76,13 +82,18 @@ class ChannelReader:
         )
         kept: list[str] = []
         for path, count, top in zip(paths, rows, highest, strict=True):
-            self.message_count += int(count or 0)
             if top is not None:
                 self.max_topic_version = max(self.max_topic_version, int(top))
             if top is not None and int(top) < skip_below_topic_version:
+                # All FIN'd: counted without being read (a share's count leaves them out).
+                self.message_count += int(count or 0) if self.lanes is None else 0
                 continue
-            self._pending.append(_File(path, int(count or 0), from_snapshot=True))
-            self.unread_rows += int(count or 0)
+            mine = self._count(path, int(count or 0))
+            self.message_count += mine
+            if not mine:
+                continue
+            self._pending.append(_File(path, mine, from_snapshot=True))
+            self.unread_rows += mine
             kept.append(path)
         self._snapshot_files_left = len(kept)
         self.paths.extend(kept)
@@ -99,8 +110,10 @@ class ChannelReader:
             if count is None:
                 fs, local = filesystem(added.path)
                 count = pq.ParquetFile(fs.open_input_file(local)).metadata.num_rows
-            self._pending.append(_File(added.path, count, from_snapshot=False))
+            count = self._count(added.path, count)
             self.paths.append(added.path)
+            if count:
+                self._pending.append(_File(added.path, count, from_snapshot=False))
             if added.max_topic_version is not None:
                 self.max_topic_version = max(self.max_topic_version, added.max_topic_version)
             rows += count
@@ -108,6 +121,16 @@ class ChannelReader:
         self.message_count += rows
         self.unread_rows += rows
         return rows
+
+    def _count(self, path: str, rows: int) -> int:
+        """``path``'s rows in this reader's lanes (``rows``: all of them)."""
+        if self.lanes is None or not rows:
+            return rows
+        if not self.lanes:
+            return 0
+        fs, local = filesystem(path)
+        ids = pq.ParquetFile(fs.open_input_file(local)).read(columns=["id"])["id"]
+        return int(pc.sum(in_lanes(ids, self.lanes)).as_py() or 0)
 
     def probe(self) -> bool:
         """Whether a new version may exist: one file-existence check on local disk (cheap
@@ -154,20 +177,32 @@ class ChannelReader:
                 self._batches = parquet.iter_batches(batch_size=max_rows, columns=present)
             batch = next(self._batches, None)
             if batch is not None and batch.num_rows:
-                self.unread_rows = max(0, self.unread_rows - batch.num_rows)
-                return conform(pa.Table.from_batches([batch]), _SCHEMA)
+                table = keep_lanes(pa.Table.from_batches([batch]), self.lanes)
+                if not table.num_rows:
+                    continue
+                self.unread_rows = max(0, self.unread_rows - table.num_rows)
+                return conform(table, _SCHEMA)
             if batch is None:
                 self._batches = None
                 if self._current is not None and self._current.from_snapshot:
                     self._snapshot_files_left -= 1
 
     @staticmethod
-    def count_new(paths: list[str], above_topic_version: int, known: set[str]) -> int:
-        """Rows of ``paths`` above ``above_topic_version`` whose id is not in ``known``."""
+    def count_new(
+        paths: list[str],
+        above_topic_version: int,
+        known: set[str],
+        lanes: frozenset[int] | None = None,
+    ) -> int:
+        """Rows of ``paths`` (in ``lanes``) above ``above_topic_version`` whose id is not in
+        ``known``."""
         if not paths:
             return 0
-        ids = parquet_dataset(paths).to_table(
-            columns=["id"], filter=pc.field("topic_version") > above_topic_version
+        ids = keep_lanes(
+            parquet_dataset(paths).to_table(
+                columns=["id"], filter=pc.field("topic_version") > above_topic_version
+            ),
+            lanes,
         )["id"]
         if not known:
             return len(ids)

@@ -1,13 +1,16 @@
-"""Which node serves a channel: numbered claims, each created put-if-absent.
+"""Which node serves what of a channel: numbered claims, each created put-if-absent.
 
-A channel's memory is the fold of its ledger and only one writer may fold it, so exactly one
-node serves a channel at a time: its owner. Ownership is a sequence of claim objects under
-``_deltaq/owners/<topic>/<channel>/``, named by a number; the newest names the owner (its lane
-and the token of the process that held the lane then), or nobody (a release). A node takes a
-channel by creating claim ``n + 1`` put-if-absent after reading claim ``n``: of two nodes
-taking the same channel one wins. It may do so only when claim ``n`` names nobody or a node
-that is no longer live (its lane is free, or held by another process): the owner keeps a
-channel for as long as it lives, so it never needs renewing — the node's lane is the lease.
+A share's memory (queue_engine.shares) is the fold of its ledger events and only one writer
+may fold it, so exactly one node serves a share at a time: its holder. Holding is a sequence
+of claim objects under ``_deltaq/owners/<topic>/<channel>/``, named by a number; the newest
+names the holder of each share (a node's lane and the token of the process that held the lane
+then). A node changes the holders by creating claim ``n + 1`` put-if-absent after reading
+claim ``n``: of two nodes claiming at once one wins, and the other decides again. It takes a
+share only when claim ``n`` names nobody for it or a node that is no longer live (its lane is
+free, or held by another process): a holder keeps a share for as long as it lives, so it never
+needs renewing — the node's lane is the lease. A claim written before shares existed names
+one node for the whole channel: it reads as that node holding every share. Other things
+claimed the same way (a dead node's journal) use the single-holder form.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from queue_engine.message import LANES
 from queue_engine.names import path_segment
+from queue_engine.shares import Holder, Shares
 from queue_engine.store.nodes import NodeRecord
 from queue_engine.store.object_store import is_remote
 from queue_engine.store.put_if_absent import move_if_absent
@@ -37,6 +42,8 @@ class Claim:
     lane: int | None
     token: str | None
     http_url: str | None
+    # Who holds each share of a channel (lane -> holder).
+    shares: Shares
 
     def held_by(self, nodes: dict[int, NodeRecord]) -> NodeRecord | None:
         """The live node this claim names, if it still lives."""
@@ -68,7 +75,16 @@ class Ownership:
         if raw is None:  # pruned between the listing and the read: a newer one exists
             return self.current(topic, channel)
         data = json.loads(raw)
-        return Claim(seqs[-1], data.get("lane"), data.get("token"), data.get("http_url"))
+        shares: dict[int, Holder] = {}
+        if "shares" in data:
+            for lane, held in data["shares"].items():
+                shares[int(lane)] = Holder(
+                    held["lane"], held["token"], held["http_url"], bool(held.get("pinned"))
+                )
+        elif data.get("lane") is not None:
+            holder = Holder(data["lane"], data["token"], data.get("http_url") or "")
+            shares = dict.fromkeys(range(LANES), holder)
+        return Claim(seqs[-1], data.get("lane"), data.get("token"), data.get("http_url"), shares)
 
     def claim(self, topic: str, channel: str, after: Claim | None, node: NodeRecord | None) -> bool:
         """Create the claim following ``after`` naming ``node`` (None: a release); False if
@@ -80,6 +96,27 @@ class Ownership:
             "http_url": None if node is None else node.http_url,
             "at": time.time(),
         }
+        return self._create_next(topic, channel, seq, body)
+
+    def claim_shares(self, topic: str, channel: str, after: Claim | None, shares: Shares) -> bool:
+        """Create the claim following ``after`` naming ``shares``' holders; False if another
+        claim took that number first."""
+        seq = 0 if after is None else after.seq + 1
+        body: dict[str, Any] = {
+            "shares": {
+                str(lane): {
+                    "lane": h.lane,
+                    "token": h.token,
+                    "http_url": h.http_url,
+                    "pinned": h.pinned,
+                }
+                for lane, h in sorted(shares.items())
+            },
+            "at": time.time(),
+        }
+        return self._create_next(topic, channel, seq, body)
+
+    def _create_next(self, topic: str, channel: str, seq: int, body: dict[str, Any]) -> bool:
         data = json.dumps(body).encode()
         target = f"{self._dir(topic, channel)}/{seq:010d}.json"
         if not self._create(target, data):

@@ -1,7 +1,8 @@
 """Several API processes on one warehouse: each joins as a node. Any node takes publishes for
-any topic; each channel is served by one node, the others redirect to it (307); when that
-node dies (kill -9) another takes the channel over from its ledger, and nothing acknowledged
-is lost, nothing FIN'd comes back, the fanout stays exactly once. On an object store the same
+any topic; every node serves every channel, each its shares (the messages published through
+it, by id lane), and a FIN of another node's message is redirected there (307); when a node
+dies (kill -9) the others take its shares over from the ledger, and nothing acknowledged is
+lost, nothing FIN'd comes back, the fanout stays exactly once. On an object store the same
 holds, a dead node's lane lapsing after ``store_lease_s``."""
 
 from __future__ import annotations
@@ -56,6 +57,31 @@ def _stats_channel(url: str, topic: str = TOPIC) -> dict[str, object]:
     [channel] = stats["topics"][0]["channels"]
     assert isinstance(channel, dict)
     return channel
+
+
+def _lanes(url: str, topic: str = TOPIC) -> set[int]:
+    """The shares (id lanes) of the topic's channel the node at ``url`` serves (none while it
+    does not know the channel yet)."""
+    stats = httpx.get(f"{url}/stats", params={"format": "json", "topic": topic}).json()
+    channels = stats["topics"][0]["channels"] if stats["topics"] else []
+    return set(channels[0]["lanes"] or []) if channels else set()
+
+
+def _wait_for_lanes(expected: dict[str, set[int]], topic: str = TOPIC, within: float = 10) -> None:
+    """Until each node serves exactly the lanes given."""
+    deadline = time.monotonic() + within
+    while True:
+        seen = {url: _lanes(url, topic) for url in expected}
+        if seen == expected:
+            return
+        assert time.monotonic() < deadline, seen
+        time.sleep(0.1)
+
+
+def _lane(url: str) -> int:
+    lane = httpx.get(f"{url}/info").json()["node"]["lane"]
+    assert isinstance(lane, int)
+    return lane
 
 
 class Traffic:
@@ -208,17 +234,33 @@ def test_three_nodes_one_warehouse_kill9_of_a_channel_owner(
 ) -> None:
     a, b, c = three_nodes
     urls = [a.url, b.url, c.url]
-    # The channel is created on B: B serves it, the others send its consumers there.
     assert httpx.post(f"{a.url}/topic/create", params={"topic": TOPIC}).is_success
     created = httpx.post(f"{b.url}/channel/create", params={"topic": TOPIC, "channel": CHANNEL})
     assert created.is_success
-    owner = b  # the node that created the channel took it
-    redirect = httpx.get(f"{c.url}/sub", params={"topic": TOPIC, "channel": CHANNEL, "wait_ms": 0})
-    assert redirect.status_code == 307
-    assert redirect.headers["location"].startswith(f"{owner.url}/sub?")
-    assert redirect.json() == {"message": "CHANNEL_ELSEWHERE", "node": owner.url}
+    # Every node serves its own share; the node that created the channel also the shares of
+    # lanes without a live node.
+    own = {url: _lane(url) for url in urls}
+    _wait_for_lanes(
+        {
+            a.url: {own[a.url]},
+            b.url: set(range(LANES)) - {own[a.url], own[c.url]},
+            c.url: {own[c.url]},
+        }
+    )
     info = httpx.get(f"{a.url}/info").json()
     assert sorted(n["http_url"] for n in info["nodes"]) == sorted(urls)
+    # A node's SUB never redirects: it serves its shares.
+    sub = httpx.get(f"{c.url}/sub", params={"topic": TOPIC, "channel": CHANNEL, "wait_ms": 0})
+    assert sub.status_code == 200 and sub.json()["messages"] == []
+    # A FIN of a message of B's share, asked of C, is redirected to B.
+    alien = f"{own[b.url]:016x}"
+    fin = httpx.post(
+        f"{c.url}/fin",
+        params={"topic": TOPIC, "channel": CHANNEL},
+        content=f"{alien} 1-000000000000\n",
+    )
+    assert fin.status_code == 307 and fin.headers["location"].startswith(f"{b.url}/fin?")
+    owner = b  # the busiest node: sixteen shares less two
 
     wh = Warehouse(str(warehouse))
     ledger = wh.channel_ledger_path(TOPIC, CHANNEL)
@@ -254,21 +296,21 @@ def test_three_nodes_one_warehouse_kill9_of_a_channel_owner(
     assert not back, f"delivered again after a committed FIN: {sorted(back)[:5]}"
     assert len(traffic.acked) >= 2 * PER_PUBLISHER
 
-    # One survivor serves the channel now, and both say which. The consumers may have
-    # finished before the takeover (the dead owner had answered nearly everything): a
-    # survivor takes the channel within a second of the kill on local disk, and the other
-    # learns of it from the registry within another.
+    # The survivors share every lane now, each its own: a survivor took the dead node's
+    # shares within a second of the kill on local disk.
     survivors = [s for s in three_nodes if s is not owner]
-    urls = {s.url for s in survivors}
     deadline = time.monotonic() + 10
     while True:
-        served = {str(_stats_channel(s.url)["node"]) for s in survivors}
-        if (len(served) == 1 and served <= urls) or time.monotonic() > deadline:
+        served = {s.url: _lanes(s.url) for s in survivors}
+        mine = [served[s.url] for s in survivors]
+        if (mine[0] | mine[1] == set(range(LANES)) and not mine[0] & mine[1]) or (
+            time.monotonic() > deadline
+        ):
             break
         time.sleep(0.2)
-    assert len(served) == 1 and served <= urls, served
-    [taker] = [s for s in survivors if s.url in served]
-    assert f"took channel {TOPIC}/{CHANNEL}" in taker.log()
+    assert mine[0] | mine[1] == set(range(LANES)) and not mine[0] & mine[1], served
+    assert all(own[s.url] in served[s.url] for s in survivors)
+    assert any(f"took channel {TOPIC}/{CHANNEL} lanes" in s.log() for s in survivors)
 
     ids = DeltaTable(wh.topic_path(TOPIC)).to_pyarrow_table(columns=["id"])["id"].to_pylist()
     assert len(ids) == len(set(ids)), "a message id was allocated twice"
@@ -298,15 +340,13 @@ def test_a_second_api_joins_and_one_beyond_the_lanes_is_refused(
     lanes = {httpx.get(f"{s.url}/info").json()["node"]["lane"] for s in (first, second)}
     assert lanes == {0, 1}
     httpx.post(f"{first.url}/channel/create?topic=t&channel=c").raise_for_status()
-    # A consumer of the second follows the redirect to the first.
-    r = httpx.get(f"{second.url}/sub?topic=t&channel=c&max=10&wait_ms=0", follow_redirects=True)
-    assert r.status_code == 200 and str(r.url).startswith(first.url)
-    # Both nodes' /stats and the second's console say which node serves the channel.
-    assert _stats_channel(second.url, "t")["node"] == _stats_channel(first.url, "t")["node"]
+    # The second serves its own share once it follows the channel's creation; the first the
+    # rest. Both /stats say so, each of itself.
+    _wait_for_lanes({first.url: set(range(LANES)) - {1}, second.url: {1}}, "t")
+    assert _stats_channel(second.url, "t")["node"] == second.url
     assert _stats_channel(first.url, "t")["node"] == first.url
-    overview = httpx.get(f"{second.url}/console/api/overview").json()
-    [channel] = overview["topics"][0]["channels"]
-    assert channel["elsewhere"] == first.url
+    r = httpx.get(f"{second.url}/sub?topic=t&channel=c&max=10&wait_ms=0")
+    assert r.status_code == 200
 
     # Every lane held (here by this test, as nodes would hold them): the next API refuses.
     first.stop()
@@ -343,21 +383,17 @@ def test_on_an_object_store_a_dead_nodes_channel_moves_once_its_lane_lapses(
     second = server_factory(tmp_path / "second", env=env, warehouse_url=root).start()
     httpx.post(f"{first.url}/topic/create?topic=t").raise_for_status()
     httpx.post(f"{first.url}/channel/create?topic=t&channel=c").raise_for_status()
-    r = httpx.get(f"{second.url}/sub?topic=t&channel=c&wait_ms=0")
-    assert r.status_code == 307 and r.json()["node"] == first.url
+    lane = _lane(second.url)
+    _wait_for_lanes({first.url: set(range(LANES)) - {lane}, second.url: {lane}}, "t")
 
     first.kill9()
-    # Until the lane lapses the second still points at the first; then it takes the channel.
+    # Until the first's lane lapses the second serves its own share only; then every share.
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        r = httpx.get(f"{second.url}/sub?topic=t&channel=c&wait_ms=0")
-        if r.status_code == 200:
-            break
-        assert r.status_code == 307
+    while _lanes(second.url, "t") != set(range(LANES)):
+        assert time.monotonic() < deadline, _lanes(second.url, "t")
+        assert _lanes(second.url, "t") == {lane}
         time.sleep(0.5)
-    assert r.status_code == 200, r.text
-    assert _stats_channel(second.url, "t")["node"] == second.url
-    assert "took channel t/c" in second.log()
+    assert "took channel t/c lanes" in second.log()
 
 
 def test_an_admin_moves_a_channel_to_another_node(
@@ -370,43 +406,41 @@ def test_an_admin_moves_a_channel_to_another_node(
     httpx.post(f"{first.url}/channel/create?topic=mv&channel=c").raise_for_status()
     for body in ("m4", "m5"):
         assert httpx.post(f"{second.url}/pub?topic=mv", content=body).text == "OK"
-    lanes = {s.url: httpx.get(f"{s.url}/info").json()["node"]["lane"] for s in (first, second)}
+    lanes = {s.url: _lane(s.url) for s in (first, second)}
+    _wait_for_lanes(
+        {first.url: set(range(LANES)) - {lanes[second.url]}, second.url: {lanes[second.url]}},
+        "mv",
+    )
 
-    # The first node serves the channel: one message FIN'd there, one left in flight.
+    # The first node serves its shares (m1-m3): one message FIN'd there, one left in flight.
     sub = {"topic": "mv", "channel": "c", "max": 1, "wait_ms": 5000, "msg_timeout_ms": 60_000}
     got = []
     for _ in range(2):
         [message] = httpx.get(f"{first.url}/sub", params=sub, timeout=10).json()["messages"]
         got.append(message)
     finned, held = got
+    assert {base64.b64decode(m["body"]) for m in got} <= {b"m1", b"m2", b"m3"}
     fin = f"{finned['id']} {finned['lease']}\n"
     assert httpx.post(f"{first.url}/fin?topic=mv&channel=c", content=fin).text == "OK"
 
     bad = httpx.post(f"{first.url}/channel/move?topic=mv&channel=c&node=57")
     assert bad.status_code == 409 and bad.json()["message"] == "INVALID_NODE"
-    # Asked of the node that does not own it, the call is redirected to the owner.
     moved = httpx.post(
-        f"{second.url}/channel/move",
+        f"{first.url}/channel/move",
         params={"topic": "mv", "channel": "c", "node": lanes[second.url]},
-        follow_redirects=True,
     )
     assert moved.status_code == 200, moved.text
     assert moved.json() == {"node": lanes[second.url], "http_url": second.url}
-    assert str(moved.url).startswith(first.url)
-    assert f"moved channel mv/c to node {lanes[second.url]}" in first.log()
+    assert "moved channel mv/c lanes" in first.log()
 
-    # Now the second serves it: both say so, the first redirects its consumers there.
-    assert _stats_channel(first.url, "mv")["node"] == second.url
-    # The new owner follows the move's registry event within a watch pass and opens it.
-    deadline = time.monotonic() + 5
-    while _stats_channel(second.url, "mv")["node"] != second.url:
-        assert time.monotonic() < deadline, _stats_channel(second.url, "mv")
-        time.sleep(0.1)
+    # Now the second serves every share (the moved ones pinned there: not handed back), and
+    # the first none; the first redirects FINs of them there.
+    _wait_for_lanes({first.url: set(), second.url: set(range(LANES))}, "mv")
     assert _stats_channel(second.url, "mv")["in_flight_count"] == 1
-    redirect = httpx.get(f"{first.url}/sub", params={**sub, "wait_ms": 0})
-    assert redirect.status_code == 307 and redirect.headers["location"].startswith(second.url)
-    # The lease held across the move is FIN'd at the new owner; the FIN'd one never returns.
     held_fin = f"{held['id']} {held['lease']}\n"
+    redirect = httpx.post(f"{first.url}/fin?topic=mv&channel=c", content=held_fin)
+    assert redirect.status_code == 307 and redirect.headers["location"].startswith(second.url)
+    # The lease held across the move is FIN'd at the new holder; the FIN'd one never returns.
     assert httpx.post(f"{second.url}/fin?topic=mv&channel=c", content=held_fin).text == "OK"
     rest = []
     deadline = time.monotonic() + 30
