@@ -147,3 +147,49 @@ def test_nodes_register_with_nsqlookupd_as_nsqd_does(
     # A stopped node is gone from lookupd (its connection closed), like a stopped nsqd.
     server.stop()
     eventually(lambda: server.tcp_port not in producers(lookupd, "only"))
+
+
+def test_an_nsq_consumer_given_lookupd_gets_one_channel_from_every_node(
+    lookupd: Lookupd, server_factory: type[Server], tmp_path: Path, spark: SparkSession
+) -> None:
+    """Two nodes on one warehouse, each given messages: nsq_tail, told only lookupd's
+    address, connects to both and gets every message, each from the node it was published
+    to (its share), none twice."""
+    address = f"{HOST}:{lookupd.tcp_port}"
+    env = {
+        "DELTAQ_NSQLOOKUPD_TCP_ADDRESSES": json.dumps([address]),
+        "DELTAQ_BROADCAST_ADDRESS": HOST,
+    }
+    warehouse = tmp_path / "wh"
+    nodes = [server_factory(warehouse, env=env).start() for _ in range(2)]
+    fanout = start_fanout(spark, Warehouse(str(warehouse)), once=False)
+    try:
+        for i, node in enumerate(nodes):
+            body = b"\n".join(f"n{i}-{k}".encode() for k in range(10))
+            assert httpx.post(f"{node.url}/mpub", params={"topic": "hot"}, content=body).is_success
+        ports = {n.tcp_port for n in nodes}
+        eventually(lambda: ports <= set(producers(lookupd, "hot")))
+        tail = subprocess.run(
+            [
+                str(tool("nsq_tail")),
+                f"--lookupd-http-address={HOST}:{lookupd.http_port}",
+                "--topic=hot",
+                "--channel=tail",
+                "-n",
+                "20",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=True,
+        )
+        got = tail.stdout.split()
+        assert sorted(got) == sorted(f"n{i}-{k}" for i in range(2) for k in range(10))
+        # Each node served its own share of the channel.
+        for i, node in enumerate(nodes):
+            stats = httpx.get(f"{node.url}/stats", params={"format": "json", "topic": "hot"})
+            [channel] = stats.json()["topics"][0]["channels"]
+            lane = httpx.get(f"{node.url}/info").json()["node"]["lane"]
+            assert lane in channel["lanes"], (i, channel["lanes"])
+    finally:
+        fanout.stop()
