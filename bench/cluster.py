@@ -14,7 +14,7 @@ For each node count, on a fresh warehouse: ``--nodes`` ``deltaq api`` processes 
 Every process shares this machine's cores (the loads too): read the CPU per node to see what
 more cores would give.
 
-    python bench/cluster.py [--nodes 1,2,3] [--backlog 60000] [--rate 600] [--seconds 10]
+    python bench/cluster.py [--nodes 1,2,3] [--backlog 200000] [--rate 600] [--seconds 10]
 """
 
 from __future__ import annotations
@@ -129,8 +129,7 @@ def consume(warehouse: Path, nodes: Nodes, backlog: int) -> dict[str, float]:
         f"{rate:,.0f} msg/s in {elapsed:.1f} s; CPU per node "
         + ", ".join(f"{c / elapsed:.0%}" for c in cpu)
         + "; peak RSS per node "
-        + ", ".join(f"{r:,.0f} MiB" for r in nodes.peak_rss)
-        + " MiB",
+        + ", ".join(f"{r:,.0f} MiB" for r in nodes.peak_rss),
         flush=True,
     )
     return {"consume": rate}
@@ -219,7 +218,7 @@ def latency(warehouse: Path, nodes: Nodes, rate: int, seconds: float) -> dict[st
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", default="1,2,3")
-    parser.add_argument("--backlog", type=int, default=60_000)
+    parser.add_argument("--backlog", type=int, default=200_000)
     parser.add_argument("--rate", type=int, default=600)
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--only", choices=["consume", "latency"])
