@@ -391,7 +391,8 @@ def test_on_an_object_store_a_dead_nodes_channel_moves_once_its_lane_lapses(
     deadline = time.monotonic() + 30
     while _lanes(second.url, "t") != set(range(LANES)):
         assert time.monotonic() < deadline, _lanes(second.url, "t")
-        assert _lanes(second.url, "t") == {lane}
+        # (Nothing while it restores the channel with every share.)
+        assert _lanes(second.url, "t") in ({lane}, set())
         time.sleep(0.5)
     assert "took channel t/c lanes" in second.log()
 
