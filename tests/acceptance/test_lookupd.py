@@ -105,6 +105,18 @@ def test_nodes_register_with_nsqlookupd_as_nsqd_does(
         assert lookupd.get("/channels", topic="t")["channels"] == ["c"]
         nodes = {n["tcp_port"]: n for n in lookupd.get("/nodes")["producers"]}
         assert nodes[server.tcp_port]["topics"] == ["t"]
+        assert nodes[server.tcp_port]["tombstones"] == [False]
+        # Tombstoning this node's topic hides it from /lookup (consumers stop connecting)
+        # while nsqd's producer stays: lookupd treats deltaq's registration as nsqd's.
+        tombstoned = httpx.post(
+            f"http://{HOST}:{lookupd.http_port}/topic/tombstone",
+            params={"topic": "t", "node": f"{HOST}:{server.port}"},
+        )
+        assert tombstoned.status_code == 200, tombstoned.text
+        eventually(lambda: server.tcp_port not in producers(lookupd, "t"))
+        assert nsqd.tcp_port in producers(lookupd, "t")
+        nodes = {n["tcp_port"]: n for n in lookupd.get("/nodes")["producers"]}
+        assert nodes[server.tcp_port]["tombstones"] == [True]
         # /config reports the address, as nsqd's does.
         config = httpx.get(f"{server.url}/config/nsqlookupd_tcp_addresses").json()
         assert config == [address]
