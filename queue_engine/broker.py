@@ -449,9 +449,10 @@ class Broker:
                     await runtime.empty()
 
     async def _run_watch(self) -> None:
-        """Every WATCH_INTERVAL_S: follow registry events of other nodes; when a node died
-        (and every few passes, for /stats), look at who owns the channels this node does not
-        serve and take those whose owner is gone."""
+        """Every WATCH_INTERVAL_S: follow registry events of other nodes; when nodes joined
+        or died, claim every channel's shares again (take a dead node's, hand back a returning
+        node's); each pass, look at the claims of the channels this node serves without its
+        own share (one handed back is served from then on)."""
         passes = 0
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
@@ -463,7 +464,7 @@ class Broker:
                 changed = self.cluster.seen(nodes)
                 if changed or passes % 10 == 0:
                     await self._recover_dead_journals()
-                    await self._take_over(nodes, every=changed)
+                await self._take_over(nodes, every=changed)
             except Exception:
                 log.exception("watching the warehouse's nodes failed (retrying)")
 
@@ -477,18 +478,23 @@ class Broker:
 
     async def _take_over(self, nodes: dict[int, NodeRecord], *, every: bool) -> None:
         """Claim again the shares of the channels (``every``: all of them, as nodes joined
-        or died; else those not served here yet, or without this node's own share): take the
-        shares of dead nodes, hand back those of nodes that came back."""
+        or died; else, each watch pass, those not served here yet or without this node's
+        own share: a share handed back to it is served within a pass): take the shares of
+        dead nodes, hand back those of nodes that came back."""
         me = self.cluster.me
+        # The start's background opening takes the channels not open yet.
+        opening = self._opening is not None and not self._opening.done()
         for name, info in list(self.registry.topics.items()):
             for channel in list(info.channels):
                 if self._closing:
                     return
                 runtime = self.channels.get(name, channel)
-                if (
-                    not every
-                    and runtime is not None
-                    and (runtime.lanes is None or me is None or me.lane in runtime.lanes)
+                if not every and (
+                    (runtime is None and opening)
+                    or (
+                        runtime is not None
+                        and (runtime.lanes is None or me is None or me.lane in runtime.lanes)
+                    )
                 ):
                     continue
                 async with self._registry.admin:

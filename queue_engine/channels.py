@@ -134,25 +134,9 @@ class Channels:
             if runtime is not None and runtime.lanes is not None and runtime.lanes - mine:
                 await self._serve(topic, channel, runtime.lanes & mine)
             if await asyncio.to_thread(self._cluster.write, topic, channel, claim, after):
-                runtime = await self._serve(topic, channel, mine)
-                given = {
-                    holder.lane: holder
-                    for lane, holder in after.items()
-                    if lane in before and before[lane].is_node(me) and not holder.is_node(me)
-                }
-                for holder in given.values():
-                    # The new holder serves its share at once on this event (else at its
-                    # next look at the claims).
-                    try:
-                        await self._registry.record(
-                            Action.CHANNEL_MOVE,
-                            topic,
-                            channel,
-                            options={"lane": holder.lane, "http_url": holder.http_url},
-                        )
-                    except Exception:
-                        log.exception("recording the hand-back of %s/%s failed", topic, channel)
-                return runtime
+                # A share handed back is served by its node at its next watch pass, which
+                # looks at the claims of every channel it serves without its own share.
+                return await self._serve(topic, channel, mine)
             nodes = None  # another node claimed first: decide again on a fresh view
         raise QueueError(ErrorCode.INTERNAL_ERROR, f"could not claim {topic}/{channel}")
 

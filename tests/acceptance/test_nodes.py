@@ -454,6 +454,38 @@ def test_an_admin_moves_a_channel_to_another_node(
     assert sorted([*seen, *bodies]) == ["m1", "m2", "m3", "m4", "m5"]
 
 
+def test_a_node_back_in_its_lane_gets_its_share_back_with_the_leases_held_meanwhile(
+    server_factory: type[Server], warehouse: Path, fanout: None
+) -> None:
+    """The second node stops: the first serves its share (and leases a message of it); a
+    node back in that lane gets the share handed back, lease and all."""
+    first = server_factory(warehouse).start()
+    second = server_factory(warehouse).start()
+    httpx.post(f"{first.url}/topic/create?topic=back").raise_for_status()
+    httpx.post(f"{first.url}/channel/create?topic=back&channel=c").raise_for_status()
+    lane = _lane(second.url)
+    _wait_for_lanes({first.url: set(range(LANES)) - {lane}, second.url: {lane}}, "back")
+    assert httpx.post(f"{second.url}/pub?topic=back", content=b"b1").text == "OK"
+    second.stop()
+    _wait_for_lanes({first.url: set(range(LANES))}, "back")
+    sub = {"topic": "back", "channel": "c", "max": 1, "wait_ms": 5000, "msg_timeout_ms": 60_000}
+    [held] = httpx.get(f"{first.url}/sub", params=sub, timeout=10).json()["messages"]
+    assert base64.b64decode(held["body"]) == b"b1"
+
+    back = server_factory(warehouse).start()
+    assert _lane(back.url) == lane
+    _wait_for_lanes({first.url: set(range(LANES)) - {lane}, back.url: {lane}}, "back")
+    assert _stats_channel(back.url, "back")["in_flight_count"] == 1
+    fin = f"{held['id']} {held['lease']}\n"
+    redirect = httpx.post(f"{first.url}/fin?topic=back&channel=c", content=fin)
+    assert redirect.status_code == 307 and redirect.headers["location"].startswith(back.url)
+    assert httpx.post(f"{back.url}/fin?topic=back&channel=c", content=fin).text == "OK"
+    # FIN'd once for good: nothing comes back on either node.
+    for node in (first, back):
+        r = httpx.get(f"{node.url}/sub", params={**sub, "wait_ms": 500}, timeout=10)
+        assert r.json()["messages"] == []
+
+
 def test_a_live_node_commits_what_a_killed_nodes_journal_holds(
     server_factory: type[Server], tmp_path: Path
 ) -> None:
