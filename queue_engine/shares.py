@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from queue_engine.message import LANES
-from queue_engine.store.nodes import NodeRecord
 
 _HEX = "0123456789abcdef"
 ALL_LANES = frozenset(range(LANES))
@@ -50,6 +50,22 @@ def keep_lanes(table: pa.Table, lanes: frozenset[int] | None) -> pa.Table:
     return table.filter(in_lanes(table["id"], lanes))
 
 
+class NodeRecord(Protocol):
+    """A live node as the claims name it (queue_engine.store.nodes.NodeRecord is one)."""
+
+    @property
+    def lane(self) -> int: ...
+
+    @property
+    def token(self) -> str: ...
+
+    @property
+    def http_url(self) -> str: ...
+
+
+Node = TypeVar("Node", bound=NodeRecord)
+
+
 @dataclass(frozen=True)
 class Holder:
     """The node a claim names for a share."""
@@ -67,7 +83,7 @@ class Holder:
     def is_node(self, node: NodeRecord) -> bool:
         return self.lane == node.lane and self.token == node.token
 
-    def live(self, nodes: Mapping[int, NodeRecord]) -> NodeRecord | None:
+    def live(self, nodes: Mapping[int, Node]) -> Node | None:
         node = nodes.get(self.lane)
         return node if node is not None and node.token == self.token else None
 
@@ -80,7 +96,7 @@ def served_by(shares: Shares, node: NodeRecord) -> frozenset[int]:
     return frozenset(lane for lane, holder in shares.items() if holder.is_node(node))
 
 
-def plan(shares: Shares, nodes: Mapping[int, NodeRecord], me: NodeRecord) -> dict[int, Holder]:
+def plan(shares: Shares, nodes: Mapping[int, Node], me: Node) -> dict[int, Holder]:
     """The shares as ``me`` should claim them next, given the live ``nodes`` (``me``
     included): it takes its own lane's share and the free shares of lanes without a live
     node, and hands back other live nodes' shares it holds unpinned. Shares held by other
