@@ -485,6 +485,19 @@ def test_a_node_back_in_its_lane_gets_its_share_back_with_the_leases_held_meanwh
         r = httpx.get(f"{node.url}/sub", params={**sub, "wait_ms": 500}, timeout=10)
         assert r.json()["messages"] == []
 
+    # An empty asked of one node empties every node's shares.
+    for node in (first, back):
+        assert httpx.post(f"{node.url}/pub?topic=back", content=b"x").text == "OK"
+    deadline = time.monotonic() + 30
+    while [_stats_channel(n.url, "back")["depth"] for n in (first, back)] != [1, 1]:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert httpx.post(f"{first.url}/channel/empty?topic=back&channel=c").is_success
+    deadline = time.monotonic() + 10
+    while [_stats_channel(n.url, "back")["depth"] for n in (first, back)] != [0, 0]:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
 
 def test_a_live_node_commits_what_a_killed_nodes_journal_holds(
     server_factory: type[Server], tmp_path: Path
