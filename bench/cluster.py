@@ -10,11 +10,15 @@ For each node count, on a fresh warehouse: ``--nodes`` ``deltaq api`` processes 
 2. latency: the fanout streaming; one pipelining publisher per node, ``--rate`` msg/s in all
    spread over the nodes, and one consumer per node; for ``--seconds``. p50/p99
    publish -> delivered, delivered msg/s, and each node's CPU.
+3. takeover (two nodes or more): 1,000 messages published through the last node wait in its
+   share; a consumer on each other node; ``kill -9`` of the last node. How long until the
+   survivors serve every share, and until their consumers got all 1,000.
 
 Every process shares this machine's cores (the loads too): read the CPU per node to see what
 more cores would give.
 
     python bench/cluster.py [--nodes 1,2,3] [--backlog 200000] [--rate 600] [--seconds 10]
+                            [--only consume|latency|takeover]
 """
 
 from __future__ import annotations
@@ -215,13 +219,75 @@ def latency(warehouse: Path, nodes: Nodes, rate: int, seconds: float) -> dict[st
     return {"p50": p(0.5), "p99": p(0.99), "delivered": delivered}
 
 
+def takeover(warehouse: Path, nodes: Nodes) -> dict[str, float]:
+    victim = len(nodes.procs) - 1
+    count = 1000
+    fanout = fanout_process(warehouse)
+    done = mp.Value("q", 0)
+    stop_at = mp.Value("b", 0)
+    try:
+        post(nodes.http[victim], f"/mpub?topic={TOPIC}", b"\n".join([BODY] * count))
+        deadline = time.monotonic() + 120
+        while _depth(nodes.http[victim]) < count:
+            assert time.monotonic() < deadline, "the messages never reached the channel"
+            time.sleep(0.1)
+        consumers = [
+            mp.Process(target=_consume, args=(port, TOPIC, done, stop_at, None))
+            for port in nodes.tcp[:victim]
+        ]
+        for consumer in consumers:
+            consumer.start()
+        time.sleep(1)
+        assert done.value == 0, "a survivor served the victim's share before it died"
+        nodes.procs[victim].kill()
+        killed = time.monotonic()
+        nodes.procs[victim].wait(10)
+        survivors = Nodes.__new__(Nodes)
+        survivors.http = nodes.http[:victim]
+        served = None
+        delivered = None
+        while (served is None or delivered is None) and time.monotonic() - killed < 120:
+            if served is None and sum(len(x) for x in survivors.lanes()) == 16:
+                served = time.monotonic() - killed
+            if delivered is None and done.value >= count:
+                delivered = time.monotonic() - killed
+            time.sleep(0.02)
+        stop_at.value = 1
+        for consumer in consumers:
+            consumer.join(30)
+    finally:
+        stop(fanout, group=True)
+    print(
+        f"  takeover after kill -9 of node {victim}: survivors serve every share after "
+        f"{_seconds(served)}; all {count:,} of its waiting messages delivered by the "
+        f"survivors' consumers after {_seconds(delivered)} ({done.value:,} got)",
+        flush=True,
+    )
+    return {"served": served or float("nan"), "delivered": delivered or float("nan")}
+
+
+def _seconds(value: float | None) -> str:
+    return "never (120 s)" if value is None else f"{value:.2f} s"
+
+
+def _depth(port: int) -> int:
+    import json
+    import urllib.request
+
+    url = f"http://{HOST}:{port}/stats?format=json&topic={TOPIC}&channel=c"
+    with urllib.request.urlopen(url) as answer:
+        stats = json.loads(answer.read())
+    channels = stats["topics"][0]["channels"] if stats["topics"] else []
+    return int(channels[0]["depth"]) if channels else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", default="1,2,3")
     parser.add_argument("--backlog", type=int, default=200_000)
     parser.add_argument("--rate", type=int, default=600)
     parser.add_argument("--seconds", type=float, default=10)
-    parser.add_argument("--only", choices=["consume", "latency"])
+    parser.add_argument("--only", choices=["consume", "latency", "takeover"])
     args = parser.parse_args()
     print(f"cores: {psutil.cpu_count()}", flush=True)
     for count in (int(n) for n in args.nodes.split(",")):
@@ -239,6 +305,8 @@ def main() -> int:
                     consume(warehouse, nodes, args.backlog)
                 if args.only in (None, "latency"):
                     latency(warehouse, nodes, args.rate, args.seconds)
+                if args.only in (None, "takeover") and count > 1:
+                    takeover(warehouse, nodes)
             finally:
                 nodes.stop()
     return 0

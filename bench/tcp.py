@@ -107,15 +107,17 @@ def _consume(
         frames, used = _frames(buffer)
         del buffer[:used]
         fins = []
+        nops = []
         for kind, data in frames:
             if kind == 2:
                 fins.append(b"FIN " + data[10:26] + b"\n")
                 if latencies is not None and data[26:28] == b"t ":
                     samples.append((now - int(data[28:])) / 1e6)
             elif data == b"_heartbeat_":
-                fins.append(b"NOP\n")
+                nops.append(b"NOP\n")
+        if fins or nops:
+            sock.sendall(b"".join(fins + nops))
         if fins:
-            sock.sendall(b"".join(fins))
             count += len(fins)
             with done.get_lock():
                 done.value += len(fins)
