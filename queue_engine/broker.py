@@ -47,10 +47,10 @@ class Broker:
     """Topics, channels and publishing for one deltaq process.
 
     With a ``node`` (every ``deltaq api``), it is one of the warehouse's nodes: it publishes to
-    any topic, serves the channels it owns (queue_engine.store.ownership), answers
-    ``ChannelElsewhereError`` for channels another live node owns, follows the registry events
-    other nodes commit, and takes over the channels of nodes that die. Without one it serves
-    every channel of the warehouse alone (tests, embedded use).
+    any topic, serves its shares of every channel (queue_engine.shares), answers
+    ``ChannelElsewhereError`` for answers to messages of shares another live node holds,
+    follows the registry events other nodes commit, and takes over the shares of nodes that
+    die. Without one it serves every channel of the warehouse alone (tests, embedded use).
     """
 
     def __init__(self, settings: Settings, node: Node | None = None) -> None:

@@ -35,7 +35,7 @@ from queue_engine.auth import Identity, Role
 from queue_engine.broker import Broker
 from queue_engine.channel import ChannelRuntime
 from queue_engine.channel_queue import Answer, Delivery, SettleError
-from queue_engine.errors import ChannelElsewhereError, QueueError
+from queue_engine.errors import QueueError
 from queue_engine.lease import EventKind
 from queue_engine.names import is_valid_name
 from queue_engine.settings import TlsRequired
@@ -542,11 +542,6 @@ class Connection:
         await self._check_auth("SUB", topic, channel)
         try:
             runtime = await self.broker.open_channel(topic, channel)
-        except ChannelElsewhereError as exc:
-            # Another node serves the channel: nsqd's protocol has no redirect, so the error
-            # names where to connect (its TCP address, else its HTTP URL).
-            where = exc.tcp_address or exc.node_url
-            raise FatalClientError("E_SUB_FAILED", f"SUB failed CHANNEL_ELSEWHERE {where}") from exc
         except QueueError as exc:
             raise FatalClientError("E_SUB_FAILED", f"SUB failed {exc}") from exc
         self.runtime = runtime
