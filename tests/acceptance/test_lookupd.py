@@ -51,10 +51,12 @@ def lookupd() -> Iterator[Lookupd]:
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         try:
-            found.get("/ping")
-            break
-        except (httpx.HTTPError, ValueError):
-            time.sleep(0.05)
+            # nsqlookupd's /ping answers "OK" as text.
+            if httpx.get(f"http://{HOST}:{http_port}/ping", timeout=5).text == "OK":
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
     yield found
     process.terminate()
     process.wait(10)
