@@ -3,8 +3,8 @@
 Every node serves every channel: its shares of it (queue_engine.shares), as one
 ``ChannelRuntime`` (queue_engine.channel) ticked by the pump (queue_engine.pump). Which node
 holds which share is decided by the channel's claims (queue_engine.cluster); a FIN, REQ or
-TOUCH of a message of a share another live node holds answers ``ChannelElsewhereError``
-(redirected there), as does a call that must run where a share is served.
+TOUCH of messages of a share another live node holds answers ``ChannelElsewhereError``
+(redirected there).
 """
 
 from __future__ import annotations

@@ -77,10 +77,14 @@ class Ownership:
         data = json.loads(raw)
         shares: dict[int, Holder] = {}
         if "shares" in data:
+            # One object per holder, however many shares it holds (a node keeps the claims
+            # of every channel it serves).
+            holders: dict[Holder, Holder] = {}
             for lane, held in data["shares"].items():
-                shares[int(lane)] = Holder(
+                holder = Holder(
                     held["lane"], held["token"], held["http_url"], bool(held.get("pinned"))
                 )
+                shares[int(lane)] = holders.setdefault(holder, holder)
         elif data.get("lane") is not None:
             holder = Holder(data["lane"], data["token"], data.get("http_url") or "")
             shares = dict.fromkeys(range(LANES), holder)
