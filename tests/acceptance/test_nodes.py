@@ -53,7 +53,8 @@ def _api(warehouse: str, env: dict[str, str] | None = None) -> subprocess.Comple
 
 
 def _stats_channel(url: str, topic: str = TOPIC) -> dict[str, object]:
-    stats = httpx.get(f"{url}/stats", params={"format": "json", "topic": topic}).json()
+    params = {"format": "json", "topic": topic}
+    stats = httpx.get(f"{url}/stats", params=params, timeout=30).json()
     [channel] = stats["topics"][0]["channels"]
     assert isinstance(channel, dict)
     return channel
@@ -62,12 +63,13 @@ def _stats_channel(url: str, topic: str = TOPIC) -> dict[str, object]:
 def _lanes(url: str, topic: str = TOPIC) -> set[int]:
     """The shares (id lanes) of the topic's channel the node at ``url`` serves (none while it
     does not know the channel yet)."""
-    stats = httpx.get(f"{url}/stats", params={"format": "json", "topic": topic}).json()
+    params = {"format": "json", "topic": topic}
+    stats = httpx.get(f"{url}/stats", params=params, timeout=30).json()
     channels = stats["topics"][0]["channels"] if stats["topics"] else []
     return set(channels[0]["lanes"] or []) if channels else set()
 
 
-def _wait_for_lanes(expected: dict[str, set[int]], topic: str = TOPIC, within: float = 10) -> None:
+def _wait_for_lanes(expected: dict[str, set[int]], topic: str = TOPIC, within: float = 30) -> None:
     """Until each node serves exactly the lanes given."""
     deadline = time.monotonic() + within
     while True:
