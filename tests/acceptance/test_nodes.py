@@ -391,10 +391,10 @@ def test_on_an_object_store_a_dead_nodes_channel_moves_once_its_lane_lapses(
     first.kill9()
     # Until the first's lane lapses the second serves its own share only; then every share.
     deadline = time.monotonic() + 30
-    while _lanes(second.url, "t") != set(range(LANES)):
-        assert time.monotonic() < deadline, _lanes(second.url, "t")
+    while (served := _lanes(second.url, "t")) != set(range(LANES)):
+        assert time.monotonic() < deadline, served
         # (Nothing while it restores the channel with every share.)
-        assert _lanes(second.url, "t") in ({lane}, set())
+        assert served in ({lane}, set()), served
         time.sleep(0.5)
     assert "took channel t/c lanes" in second.log()
 
