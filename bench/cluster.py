@@ -24,13 +24,16 @@ more cores would give.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import struct
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -69,17 +72,8 @@ class Nodes:
             self.peak_rss[i] = max(self.peak_rss[i], p.memory_info().rss / 2**20)
 
     def lanes(self) -> list[list[int]]:
-        import json
-        import urllib.request
-
-        out = []
-        for port in self.http:
-            url = f"http://{HOST}:{port}/stats?format=json&topic={TOPIC}"
-            with urllib.request.urlopen(url) as answer:
-                stats = json.loads(answer.read())
-            channels = stats["topics"][0]["channels"] if stats["topics"] else []
-            out.append(channels[0]["lanes"] if channels and channels[0]["lanes"] else [])
-        return out
+        """The lanes each node serves of the channel."""
+        return [_channel_stats(port).get("lanes") or [] for port in self.http]
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -242,12 +236,11 @@ def takeover(warehouse: Path, nodes: Nodes) -> dict[str, float]:
         nodes.procs[victim].kill()
         killed = time.monotonic()
         nodes.procs[victim].wait(10)
-        survivors = Nodes.__new__(Nodes)
-        survivors.http = nodes.http[:victim]
         served = None
         delivered = None
         while (served is None or delivered is None) and time.monotonic() - killed < 120:
-            if served is None and sum(len(x) for x in survivors.lanes()) == 16:
+            lanes = [_channel_stats(port).get("lanes") or [] for port in nodes.http[:victim]]
+            if served is None and sum(len(x) for x in lanes) == 16:
                 served = time.monotonic() - killed
             if delivered is None and done.value >= count:
                 delivered = time.monotonic() - killed
@@ -271,14 +264,16 @@ def _seconds(value: float | None) -> str:
 
 
 def _depth(port: int) -> int:
-    import json
-    import urllib.request
+    return int(_channel_stats(port).get("depth") or 0)
 
+
+def _channel_stats(port: int) -> dict[str, Any]:
+    """The channel's /stats figures on the node at ``port`` (empty before it knows it)."""
     url = f"http://{HOST}:{port}/stats?format=json&topic={TOPIC}&channel=c"
     with urllib.request.urlopen(url) as answer:
         stats = json.loads(answer.read())
     channels = stats["topics"][0]["channels"] if stats["topics"] else []
-    return int(channels[0]["depth"]) if channels else 0
+    return dict(channels[0]) if channels else {}
 
 
 def main() -> int:

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from queue_engine.channel_queue import ChannelQueue
 from queue_engine.lease import FRESH, LeaseEvent, fold
-from queue_engine.shares import ALL_LANES, keep_lanes
+from queue_engine.shares import ALL_LANES, keep_lanes, lane_of
 from queue_engine.store.channel_reader import ChannelReader
 from queue_engine.store.ledger import read_ledger, read_ledger_after
 from queue_engine.store.state import StateMeta, load_states, read_meta, read_state
@@ -132,8 +132,7 @@ def _in_lanes(events: list[LeaseEvent], lanes: frozenset[int] | None) -> list[Le
     """The events of messages in ``lanes`` (None: all)."""
     if lanes is None:
         return events
-    digits = {f"{lane:x}" for lane in lanes}
-    return [e for e in events if e.id[-1:] in digits]
+    return [e for e in events if lane_of(e.id) in lanes]
 
 
 def add_rows(queue: ChannelQueue, table: pa.Table, now: int) -> int:
