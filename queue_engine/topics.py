@@ -272,6 +272,9 @@ class Topics:
         hand them to their topics' writers."""
         journal = self.journal
         assert journal is not None
+        # The answers first: the journal holds the publishes whatever happens to their hand-off,
+        # and each publisher's round trip is what bounds a connection that waits for its OK.
+        self._acks.committed(tokens, error)
         if error is None:
             gone = []
             for record in records:
@@ -294,7 +297,6 @@ class Topics:
                         gone.append(record.position)
             if gone:
                 journal.drained(gone)
-        self._acks.committed(tokens, error)
 
     def recover(self, token: str) -> int:
         """Commit what the journal of a stopped process (``token``) holds and its topics' tables

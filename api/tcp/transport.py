@@ -38,6 +38,11 @@ class Transport:
         # nsqd's read deadline: a whole command (line and body) within this of its start.
         self.read_timeout_s: float | None = None
         self._read_deadline: float | None = None
+        # One timer watches the deadline, re-armed only when it fires early: a read per
+        # command under ``asyncio.wait_for`` cost a task and a timer each (~10% of a PUB).
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._reading: asyncio.Task[None] | None = None
+        self._timed_out = False
         self.write_timeout_s: float | None = None
         self.closed = False
 
@@ -64,15 +69,27 @@ class Transport:
         self._read_deadline = None if timeout is None else loop.time() + timeout
 
     async def _fill(self) -> None:
-        timeout = None
-        if self._read_deadline is not None:
-            timeout = self._read_deadline - asyncio.get_running_loop().time()
-            if timeout <= 0:
+        deadline = self._read_deadline
+        if deadline is not None:
+            loop = asyncio.get_running_loop()
+            if loop.time() >= deadline:
                 raise Closed("read deadline passed")
+            if self._deadline_timer is None:
+                self._deadline_timer = loop.call_at(deadline, self._check_deadline)
+        self._reading = asyncio.current_task()  # type: ignore[assignment]
         try:
-            chunk = await asyncio.wait_for(self._reader.read(READ_CHUNK_BYTES), timeout)
-        except (TimeoutError, ConnectionError, ssl.SSLError) as exc:
+            chunk = await self._reader.read(READ_CHUNK_BYTES)
+        except asyncio.CancelledError:
+            if not self._timed_out:
+                raise
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
+            raise Closed("read deadline passed") from None
+        except (ConnectionError, ssl.SSLError) as exc:
             raise Closed(f"read failed: {exc!r}") from exc
+        finally:
+            self._reading = None
         if not chunk:
             raise Closed("closed by the peer")
         if self._decompress is not None:
@@ -81,6 +98,20 @@ class Transport:
             except Exception as exc:  # zlib.error, snappy's errors: the stream is garbage
                 raise Closed(f"could not decompress: {exc}") from exc
         self._buffer += chunk
+
+    def _check_deadline(self) -> None:
+        """The timer fired: end a read that is past its command's deadline, or wait on for
+        the deadline as it stands now (each new command moves it on)."""
+        self._deadline_timer = None
+        deadline = self._read_deadline
+        if deadline is None or self._reading is None:
+            return  # armed again by the next read that waits
+        loop = asyncio.get_running_loop()
+        if loop.time() < deadline:
+            self._deadline_timer = loop.call_at(deadline, self._check_deadline)
+            return
+        self._timed_out = True
+        self._reading.cancel()
 
     async def readline(self) -> bytes:
         """One command line without its ``\\n`` (and an optional ``\\r``, as nsqd trims)."""
@@ -181,8 +212,14 @@ class Transport:
 
     # -- closing ------------------------------------------------------------------------------
 
+    def _stop_deadline(self) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+
     def abort(self) -> None:
         self.closed = True
+        self._stop_deadline()
         transport = self._writer.transport
         if not transport.is_closing():
             transport.abort()
@@ -191,6 +228,7 @@ class Transport:
         if self.closed:
             return
         self.closed = True
+        self._stop_deadline()
         try:
             await self.flush_unchecked()
             self._writer.close()
