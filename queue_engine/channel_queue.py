@@ -62,6 +62,9 @@ class SettleError(Exception):
         self.failed = failed
 
 
+# Stale lease-expiry entries tolerated beyond the live ones before the heap is rebuilt.
+_EXPIRIES_SLACK = 4096
+
 _LEASE = re.compile(r"^([0-9]{1,9})-[0-9a-f]{12}$")
 # Nonces tell one delivery's lease from another's; they guard against mistakes, not attackers
 # (anyone who can reach the API can FIN), so a seeded PRNG is enough and much cheaper than
@@ -449,7 +452,25 @@ class ChannelQueue:
             self.requeue_count += len(events)
         elif kind is EventKind.FIN:
             self.finish_count += len(events)
+        if len(self._expiries) > 2 * len(self.in_flight) + _EXPIRIES_SLACK:
+            self._compact_expiries()
         return events
+
+    def _compact_expiries(self) -> None:
+        """Drop the expiry entries of leases that ended (FIN'd, REQ'd: they stay in the heap
+        until their time otherwise). Without this the heap holds an entry and an id for every
+        message settled within the last lease length: at 50,000 msg/s and a 60 s lease, three
+        million of them. Rebuilt once stale entries outnumber live ones: O(1) amortized."""
+        states, in_flight = self.states, self.in_flight
+        live = []
+        for entry in self._expiries:
+            message_id = entry[1]
+            if message_id in in_flight:
+                state = states.get(message_id)
+                if state is not None and state.attempts == entry[2]:
+                    live.append(entry)
+        heapq.heapify(live)
+        self._expiries = live
 
     @staticmethod
     def _touched_until(state: MessageState, at: int, lease_us: int | None, max_us: int) -> int:

@@ -315,3 +315,27 @@ def test_deferred_messages_wait_for_their_time_and_req_delay_defers() -> None:
 
 def test_states_are_immutable_values() -> None:
     assert MessageState() == FRESH
+
+
+def test_settled_leases_leave_the_expiry_heap_while_live_ones_still_time_out() -> None:
+    queue = ChannelQueue()
+    count = 30_000
+    ids = [f"{i:016x}" for i in range(count)]
+    queue.add(ids, [b"x"] * count, [0] * count, [None] * count, 0)
+    kept: list[str] = []
+    now = 10
+    while True:
+        deliveries, _ = queue.take(500, now, 60_000_000, "c")
+        if not deliveries:
+            break
+        # All but one of each batch is FIN'd; that one stays in flight until its lease ends.
+        *done, held = deliveries
+        queue.settle(EventKind.FIN, [Answer(d.id, d.lease) for d in done], now)
+        kept.append(held.id)
+        now += 1
+    assert len(queue.in_flight) == len(kept) == count // 500
+    # Without compaction one entry per delivery would stay until its lease ended (60 s).
+    assert len(queue._expiries) <= 2 * len(kept) + 4096 < count
+    timeouts = queue.expire(now + 120_000_000)
+    assert sorted(e.id for e in timeouts) == sorted(kept)
+    assert not queue.in_flight
