@@ -1,11 +1,12 @@
 """Publish throughput and latency over HTTP: /pub with 1 and 16 connections, /pub to 1,000
 topics at random, /mpub with 100 per request; beside the reference nsqd 1.3.0 in the same run.
 
-Starts ``deltaq api`` on 127.0.0.1 with a fresh warehouse, drives it with bench/loadgen.py
-from a separate process, and prints msg/s, latency p50/p99, messages per Delta commit and the
-server's peak RSS; then the same cases against nsqd (``../shared/tools``; skipped where absent
-or with ``--no-nsqd``) and deltaq's ratio. Nothing is asserted: the figures go in
-docs/benchmarks.md.
+Each case starts a fresh ``deltaq api`` on 127.0.0.1 (a new warehouse) and then a fresh nsqd
+(``../shared/tools``; skipped where absent or with ``--no-nsqd``), drives each with
+bench/loadgen.py from a separate process, and prints msg/s, latency p50/p99, messages per Delta
+commit and the server's peak RSS, then deltaq's ratio. A fresh server per case: what one case
+leaves behind (1,000 topics' lingering commits and first upkeep passes) does not slow the next.
+Nothing is asserted: the figures go in docs/benchmarks.md.
 
     python bench/publish.py [--seconds 10] [--ack journal|commit|buffer]
                             [--only pub1,pub16,topics1000,mpub16]
@@ -18,6 +19,7 @@ docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -29,6 +31,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -112,12 +115,11 @@ CASES = {
     "pub64": ("/pub", "/pub?topic=bench_pub64", BODY, 1, 64),
     "mpub16": ("/mpub x100", "/mpub?topic=bench_mpub", b"\n".join([BODY] * 100), 100, 16),
 }
-ROW = "{:<16}{:>6}{:>10}{:>9}{:>9}{:>8}{:>12}{:>13}"
+ROW = "{:<12}{:<16}{:>6}{:>10}{:>9}{:>9}{:>8}{:>12}{:>13}"
 
 
-def _run_cases(
-    name: str, port: int, pid: int, only: list[str], seconds: float
-) -> dict[str, dict[str, object]]:
+def _run_case(name: str, key: str, port: int, pid: int, seconds: float) -> dict[str, object]:
+    """One case against a server that has seen nothing else (its peak RSS is this case's)."""
     proc = psutil.Process(pid)
     peak = [0]
     stop = threading.Event()
@@ -127,38 +129,33 @@ def _run_cases(
             peak[0] = max(peak[0], proc.memory_info().rss)
 
     threading.Thread(target=sample, daemon=True).start()
-    print(f"{name}:")
-    header = ("case", "conns", "msg/s", "p50 ms", "p99 ms", "errors", "msg/commit", "peak RSS MB")
-    print(ROW.format(*header))
-    results = {}
+    label, path, body, per, conns = CASES[key]
     try:
-        for key in only:
-            label, path, body, per, conns = CASES[key]
-            if path.endswith("*"):
-                # 1,000 active topics: created first (creating one is an admin change, not
-                # what this case measures), then published to at random.
-                for n in range(1000):
-                    urllib.request.urlopen(
-                        f"http://{HOST}:{port}/topic/create?topic=bench_many_{n}", data=b""
-                    ).read()
-            r = _case(port, label, path, body, per, conns, seconds, proc, peak)
-            results[key] = r
-            print(
-                ROW.format(
-                    r["case"],
-                    r["connections"],
-                    r["msg_per_s"],
-                    r["p50_ms"],
-                    r["p99_ms"],
-                    r["errors"],
-                    r["msgs_per_commit"],
-                    r["server_peak_rss_mb"],
-                ),
-                flush=True,
-            )
+        if path.endswith("*"):
+            # 1,000 active topics: created first (creating one is an admin change, not
+            # what this case measures), then published to at random.
+            for n in range(1000):
+                urllib.request.urlopen(
+                    f"http://{HOST}:{port}/topic/create?topic=bench_many_{n}", data=b""
+                ).read()
+        r = _case(port, label, path, body, per, conns, seconds, proc, peak)
     finally:
         stop.set()
-    return results
+    print(
+        ROW.format(
+            name,
+            str(r["case"]),
+            r["connections"],
+            r["msg_per_s"],
+            r["p50_ms"],
+            r["p99_ms"],
+            r["errors"],
+            r["msgs_per_commit"],
+            r["server_peak_rss_mb"],
+        ),
+        flush=True,
+    )
+    return r
 
 
 def _wait_ping(port: int) -> None:
@@ -168,6 +165,50 @@ def _wait_ping(port: int) -> None:
             return
         except OSError:
             time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def _deltaq(root: Path, ack: str) -> Iterator[tuple[int, int]]:
+    """``deltaq api`` over a fresh warehouse under ``root``: (port, pid)."""
+    port = _free_port()
+    env = {**os.environ, **store_env(), "DELTAQ_ACK": ack}
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "deltaq",
+            "api",
+            "--warehouse",
+            warehouse_arg(root / "wh"),
+            "--port",
+            str(port),
+            "--tcp-port",
+            "0",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_ping(port)
+        yield port, server.pid
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+@contextlib.contextmanager
+def _nsqd(root: Path) -> Iterator[tuple[int, int] | None]:
+    port = _free_port()
+    nsqd = nsqd_process(root / "nsqd-data", _free_port(), port)
+    if nsqd is None:
+        yield None
+        return
+    try:
+        yield port, nsqd.pid
+    finally:
+        nsqd.terminate()
+        nsqd.wait(30)
 
 
 def main() -> int:
@@ -180,60 +221,39 @@ def main() -> int:
     parser.add_argument("--no-nsqd", action="store_true", help="deltaq alone")
     args = parser.parse_args()
     only = args.only.split(",")
-    port = _free_port()
+    ours: dict[str, dict[str, object]] = {}
+    theirs: dict[str, dict[str, object]] = {}
     with (
         tempfile.TemporaryDirectory() as local,
         object_store(args.store, args.store_delay_ms, Path(local)) as where,
     ):
-        env = {**os.environ, **store_env(), "DELTAQ_ACK": args.ack}
-        warehouse = warehouse_arg(Path(local) / "wh")
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "deltaq",
-                "api",
-                "--warehouse",
-                warehouse,
-                "--port",
-                str(port),
-                "--tcp-port",
-                "0",
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        print(
+            f"ack={args.ack}, {where}, {args.seconds:.0f} s per case, 200-byte messages; "
+            "each case on a fresh server, deltaq then nsqd"
         )
-        print(f"ack={args.ack}, {where}, {args.seconds:.0f} s per case, 200-byte messages")
-        try:
-            _wait_ping(port)
-            ours = _run_cases("deltaq", port, server.pid, only, args.seconds)
-        finally:
-            server.terminate()
-            server.wait(30)
-        if args.no_nsqd:
-            return 0
-        nsqd_port = _free_port()
-        nsqd = nsqd_process(Path(local) / "nsqd-data", _free_port(), nsqd_port)
-        if nsqd is None:
-            print("nsqd: not found (../shared/tools/nsq-1.3.0/nsqd); deltaq alone")
-            return 0
-        try:
-            theirs = _run_cases("nsqd 1.3.0", nsqd_port, nsqd.pid, only, args.seconds)
-        finally:
-            nsqd.terminate()
-            nsqd.wait(30)
+        header = ("server", "case", "conns", "msg/s", "p50 ms", "p99 ms", "errors")
+        print(ROW.format(*header, "msg/commit", "peak RSS MB"))
+        for n, key in enumerate(only):
+            with _deltaq(Path(local) / f"deltaq-{n}", args.ack) as (port, pid):
+                ours[key] = _run_case("deltaq", key, port, pid, args.seconds)
+            if args.no_nsqd:
+                continue
+            with _nsqd(Path(local) / f"nsqd-{n}") as reference:
+                if reference is None:
+                    print("nsqd: not found (../shared/tools/nsq-1.3.0/nsqd); deltaq alone")
+                    args.no_nsqd = True
+                    continue
+                theirs[key] = _run_case("nsqd 1.3.0", key, *reference, args.seconds)
+    if theirs:
         print("deltaq / nsqd:")
         for key in only:
             a, b = ours[key]["msg_per_s"], theirs[key]["msg_per_s"]
             assert isinstance(a, int) and isinstance(b, int)
             print(f"  {CASES[key][0]:<16} {a:>9,} vs {b:>9,} msg/s = {a / max(b, 1):.2f}x")
-        one = ours.get("pub16", {}).get("msg_per_s")
-        many = ours.get("topics1000", {}).get("msg_per_s")
-        if isinstance(one, int) and isinstance(many, int):
-            print(
-                f"  deltaq: 1,000 topics / one topic at 16 connections = {many / max(one, 1):.2f}x"
-            )
+    one = ours.get("pub16", {}).get("msg_per_s")
+    many = ours.get("topics1000", {}).get("msg_per_s")
+    if isinstance(one, int) and isinstance(many, int):
+        print(f"  deltaq: 1,000 topics / one topic at 16 connections = {many / max(one, 1):.2f}x")
     return 0
 
 
