@@ -793,6 +793,9 @@ class Connection:
         # nsqd's bound: 4 bytes of count, then at least 5 per message (length + 1 byte).
         if count <= 0 or count > (max_body - 4) // 5:
             raise FatalClientError("E_BAD_BODY", f"MPUB invalid message count {count}")
+        bodies = transport.buffered_sized(count, max_msg)
+        if bodies is not None:
+            return await self._publish("MPUB", topic, bodies)
         bodies = []
         for i in range(count):
             try:
