@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import ipaddress
 import logging
 import os
@@ -162,6 +163,22 @@ async def _serve_both(main: _Server, secure: _HttpsServer | None) -> None:
             await secure_serving
 
 
+# Allocations between young-generation collections (CPython's default: 700). The serving path
+# allocates a few short-lived tuples per message; at tens of thousands of messages a second the
+# default collects hundreds of times a second.
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def settle_garbage_collector() -> None:
+    """Once started: what startup built (modules, the app, restored channels) is moved out of
+    the collector's generations, so full collections no longer walk it. Measured consuming a
+    backlog over TCP: the collector took 70-150 ms of every second, 20-30 ms after."""
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` (an address or a name) only listens on this machine."""
     if host == "localhost":
@@ -193,6 +210,8 @@ class _Server(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
+        if self.started:
+            settle_garbage_collector()
         if self.started and self._on_started is not None:
             self._on_started()
 
