@@ -38,7 +38,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import LoadResult, run
-from procs import nsqd_process, object_store, store_env, warehouse_arg
+from procs import file_create_us, nsqd_process, object_store, store_env, warehouse_arg
 
 HOST = "127.0.0.1"
 BODY = b"x" * 200
@@ -236,6 +236,10 @@ def main() -> int:
         for n, key in enumerate(only):
             with _deltaq(Path(local) / f"deltaq-{n}", args.ack) as (port, pid):
                 ours[key] = _run_case("deltaq", key, port, pid, args.seconds)
+            # Each topic commit creates two files: where creating one is slow, commits of
+            # many topics are too (the 1,000-topic case follows this cost).
+            create_us = file_create_us(Path(local) / f"deltaq-{n}")
+            print(f"{'':12}file create {create_us:.0f} us", flush=True)
             if args.no_nsqd:
                 continue
             with _nsqd(Path(local) / f"nsqd-{n}") as reference:
