@@ -184,6 +184,9 @@ class Settings(BaseSettings):
     # With ack = "journal": about how many topic commits a second the node makes at most; with
     # many busy topics each waits longer (active topics / this, in seconds) and carries more.
     drain_max_commits_per_s: int = Field(default=250, ge=1)
+    # With ack = "journal" on local disk: a journal segment file is closed past this size, and
+    # deleted once every publish in it is in its topic's table.
+    journal_segment_bytes: int = Field(default=16 * 1024 * 1024, ge=4096)
     # One commit carries at most this many body bytes; more waiting goes in the next commit.
     commit_max_bytes: int = 64 * 1024 * 1024
     # In ack=buffer mode, publishers wait for the commit once this much is buffered (backpressure).

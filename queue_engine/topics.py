@@ -260,7 +260,12 @@ class Topics:
 
     def start_journal(self, token: str) -> None:
         """Journal publishes from now on (ack = "journal")."""
-        self.journal = Journal(self.settings.warehouse, token, self._durable)
+        self.journal = Journal(
+            self.settings.warehouse,
+            token,
+            self._durable,
+            segment_bytes=self.settings.journal_segment_bytes,
+        )
         for name, writer in list(self._writers.items()):
             # Opened before (recovering a dead process's journal at start).
             self._journaled(name, writer)

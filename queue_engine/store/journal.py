@@ -40,8 +40,8 @@ from queue_engine.store.tables import delete_tree
 log = logging.getLogger(__name__)
 
 JOURNAL_DIR = "_deltaq/journal"
-# A local segment is closed and a new one started past this size; closed segments whose
-# publishes are all in their topics' tables are deleted.
+# A local segment is closed and a new one started past this size (by default); closed
+# segments whose publishes are all in their topics' tables are deleted.
 SEGMENT_BYTES = 16 * 1024 * 1024
 # Journal writes (PUTs) under way at once on an object store.
 REMOTE_IN_FLIGHT = 4
@@ -94,8 +94,15 @@ class _Segment:
 class Journal:
     """One process's journal (``token``: the process's node token)."""
 
-    def __init__(self, warehouse: str, token: str, on_durable: Durable) -> None:
+    def __init__(
+        self,
+        warehouse: str,
+        token: str,
+        on_durable: Durable,
+        segment_bytes: int = SEGMENT_BYTES,
+    ) -> None:
         self.token = token
+        self._segment_bytes = segment_bytes
         self.app_id = app_id(token)
         self.path = f"{journal_root(warehouse)}/{token}"
         self._remote = is_remote(warehouse)
@@ -257,7 +264,7 @@ class Journal:
 
     def _write_local(self, records: list[Record], data: bytes) -> None:
         first, last = records[0].position, records[-1].position
-        if self._fd is None or self._size >= SEGMENT_BYTES:
+        if self._fd is None or self._size >= self._segment_bytes:
             self._roll(first)
         assert self._fd is not None
         view = memoryview(data)

@@ -92,12 +92,9 @@ def test_a_drain_run_again_after_a_crash_adds_no_row_twice(tmp_path: Path) -> No
     assert bodies == [b"a", b"a", b"b", b"c", b"d"]
 
 
-def test_segments_are_deleted_once_drained(tmp_path: Path, monkeypatch: Any) -> None:
-    import queue_engine.store.journal as journal_module
-
-    monkeypatch.setattr(journal_module, "SEGMENT_BYTES", 64)
+def test_segments_are_deleted_once_drained(tmp_path: Path) -> None:
     durable = _Durable()
-    journal = Journal(str(tmp_path), "tok", durable)
+    journal = Journal(str(tmp_path), "tok", durable, segment_bytes=64)
     directory = tmp_path / "_deltaq" / "journal" / "tok"
     for n in range(6):
         journal.append("t", [b"x" * 100], n, None, None, n)
