@@ -78,7 +78,7 @@ class Transport:
                 raise Closed("read deadline passed")
             if self._deadline_timer is None:
                 self._deadline_timer = loop.call_at(deadline, self._check_deadline)
-        self._reading = asyncio.current_task()  # type: ignore[assignment]
+        self._reading = asyncio.current_task()
         try:
             chunk = await self._reader.read(READ_CHUNK_BYTES)
         except asyncio.CancelledError:
