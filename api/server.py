@@ -172,7 +172,7 @@ GC_YOUNG_THRESHOLD = 10_000
 def settle_garbage_collector() -> None:
     """Once started: what startup built (modules, the app, restored channels) is moved out of
     the collector's generations, so full collections no longer walk it. Measured consuming a
-    backlog over TCP: the collector took 70-150 ms of every second, 20-30 ms after."""
+    backlog over TCP: the collector took 70-150 ms of every second, 20-30 ms once frozen."""
     gc.collect()
     gc.freeze()
     _, middle, old = gc.get_threshold()
