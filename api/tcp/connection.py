@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 
 # How long the pump waits on a channel before looking at its client again (RDY, closing).
 PUMP_WAIT_S = 1.0
+# How long a connection waits for the runtime that follows one closed because the channel's
+# shares changed here (it restores from the ledger); past it, answers are refused as the old
+# runtime refuses them and the pump closes the connection.
+HAND_ON_WAIT_S = 60.0
 # "FIN " and a 16-byte message id.
 _FIN_LINE = 4 + frames.MESSAGE_ID_BYTES
 _INT64 = 2**63
@@ -202,7 +206,7 @@ class Connection:
                     fins.append(line[4:])
                 else:
                     if fins:
-                        self._finish(fins)
+                        await self._finish(fins)
                         fins = []
                     if not await self._execute(line):
                         await transport.flush()
@@ -210,7 +214,7 @@ class Connection:
                 # Commands that arrived together are answered with one write.
                 line = transport.buffered_line()
             if fins:
-                self._finish(fins)
+                await self._finish(fins)
                 fins = []
             if not await self._answer_publishes():
                 await transport.flush()
@@ -340,6 +344,19 @@ class Connection:
             if state is None or state.lease != lease or not (state.in_flight or state.timed_out):
                 del self.in_flight[message_id]
 
+    async def _follow_hand_on(self) -> ChannelRuntime | None:
+        """The runtime serving this connection's channel now. While the channel's shares
+        change here, its runtime closes and a new one restores from the ledger (up to a few
+        hundred ms): answers and pushes wait for the new one rather than fail on the old. None:
+        the channel is not served here any more (deleted, or the server stops)."""
+        runtime = self.runtime
+        while runtime is not None and runtime.closed:
+            successor = await asyncio.wait_for(asyncio.shield(runtime.handed_on), HAND_ON_WAIT_S)
+            if successor is None:
+                return None
+            runtime = self.runtime = successor
+        return runtime
+
     async def _run_pump(self, runtime: ChannelRuntime) -> None:
         lease_us = self.options.msg_timeout_ms * 1000
         try:
@@ -348,11 +365,11 @@ class Connection:
                     # Serving other shares now: carry on with the runtime that serves them.
                     # Else the channel was deleted (or the server is stopping): nsqd closes
                     # its clients.
-                    successor = await asyncio.wait_for(asyncio.shield(runtime.handed_on), 60)
+                    successor = await self._follow_hand_on()
                     if successor is None or self._closed:
                         self.transport.abort()
                         return
-                    runtime = self.runtime = successor
+                    runtime = successor
                     continue
                 if self._wanted() <= 0:
                     self._ready_changed.clear()
@@ -599,7 +616,7 @@ class Connection:
     def _can_answer(self) -> bool:
         return self.state in (State.SUBSCRIBED, State.CLOSING)
 
-    def _finish(self, raw_ids: list[bytes]) -> None:
+    async def _finish(self, raw_ids: list[bytes]) -> None:
         """FIN of each id (16 bytes each, the client subscribed): one ledger submission for
         all; those this client does not hold get nsqd's E_FIN_FAILED, in order."""
         answers = []
@@ -614,22 +631,21 @@ class Connection:
                 )
             else:
                 answers.append(Answer(message_id, lease))
-        self._settle_all("FIN", EventKind.FIN, answers)
+        await self._settle_all("FIN", EventKind.FIN, answers)
         self._ready_changed.set()
 
-    def _settle_all(
+    async def _settle_all(
         self, command: str, kind: EventKind, answers: list[Answer], *, delay_us: int = 0
     ) -> list[str]:
         """Settle ``answers`` in one ledger submission; returns the ids refused (not in flight
         under that lease any more: their error frames are written)."""
-        runtime = self.runtime
+        # If the channel's shares are changing here, the runtime that follows has these leases
+        # (restored from the ledger); a closed one with none refuses them below.
+        try:
+            runtime = await self._follow_hand_on() or self.runtime
+        except TimeoutError:
+            runtime = self.runtime
         assert runtime is not None
-        while runtime.closed and runtime.handed_on.done() and runtime.handed_on.result():
-            # The channel's shares changed here: the runtime serving them now has these
-            # leases (restored from the ledger).
-            successor = runtime.handed_on.result()
-            assert successor is not None
-            runtime = self.runtime = successor
         refused: list[str] = []
         while answers:
             try:
@@ -680,7 +696,7 @@ class Connection:
     async def _fin(self, params: list[bytes]) -> bytes | None:
         message_id, lease = self._held("FIN", params, 2)
         del self.in_flight[message_id]
-        self._settle_all("FIN", EventKind.FIN, [Answer(message_id, lease)])
+        await self._settle_all("FIN", EventKind.FIN, [Answer(message_id, lease)])
         self._ready_changed.set()
         return None
 
@@ -698,7 +714,7 @@ class Connection:
         delay_ms = min(max(timeout_ms, 0), self.settings.max_req_timeout_ms)
         message_id, lease = self._held("REQ", params, 3)
         del self.in_flight[message_id]
-        self._settle_all(
+        await self._settle_all(
             "REQ", EventKind.REQ, [Answer(message_id, lease)], delay_us=delay_ms * 1000
         )
         self._ready_changed.set()
@@ -706,7 +722,7 @@ class Connection:
 
     async def _touch(self, params: list[bytes]) -> bytes | None:
         message_id, lease = self._held("TOUCH", params, 2)
-        self._settle_all("TOUCH", EventKind.TOUCH, [Answer(message_id, lease)])
+        await self._settle_all("TOUCH", EventKind.TOUCH, [Answer(message_id, lease)])
         return None
 
     async def _cls(self, params: list[bytes]) -> bytes | None:

@@ -8,6 +8,7 @@ holds, a dead node's lane lapsing after ``store_lease_s``."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import os
 import subprocess
@@ -28,6 +29,7 @@ from queue_engine.message import LANES
 from queue_engine.store.tables import Warehouse
 from tests.acceptance.conftest import BUCKET
 from tests.conftest import HOST, ROOT, Server, free_port
+from tests.nsq_wire import ERROR, RESPONSE, Wire, identify
 from tests.s3 import S3Server, store_env
 
 TOPIC, CHANNEL = "work", "workers"
@@ -532,3 +534,58 @@ def test_a_live_node_commits_what_a_killed_nodes_journal_holds(
     token = httpx.get(f"{survivor.url}/info").json()["node"].get("token")
     left = sorted(p.name for p in journal.iterdir())
     assert len(left) == 1 and (token is None or left == [token]), left
+
+
+def test_tcp_fins_sent_while_a_node_joins_are_applied_by_the_runtime_that_follows(
+    server_factory: type[Server], warehouse: Path, fanout: None
+) -> None:
+    """A node joining makes the first restart its channel's runtime for fewer shares; a TCP
+    consumer FINs the messages it holds the whole time: each FIN is applied (none refused with
+    E_FIN_FAILED), in the runtime before the change or in the one after."""
+    first = server_factory(warehouse).start()
+    topic, held_count = "handover", 1500
+    httpx.post(f"{first.url}/topic/create?topic={topic}").raise_for_status()
+    httpx.post(f"{first.url}/channel/create?topic={topic}&channel=c").raise_for_status()
+    body = "\n".join(f"m{i}" for i in range(held_count))
+    assert httpx.post(f"{first.url}/mpub?topic={topic}", content=body).text == "OK"
+    deadline = time.monotonic() + 60
+    while _stats_channel(first.url, topic)["depth"] != held_count:
+        assert time.monotonic() < deadline, "the fanout did not deliver the backlog"
+        time.sleep(0.2)
+
+    wire = Wire(first.tcp_port)
+    wire.send(identify(msg_timeout=300_000))
+    assert wire.frame() == (RESPONSE, b"OK")
+    wire.send(f"SUB {topic} c\nRDY {held_count}\n".encode())
+    assert wire.frame() == (RESPONSE, b"OK")
+    held = [wire.message(30).id for _ in range(held_count)]
+
+    joined: list[Server] = []
+    joining = threading.Thread(target=lambda: joined.append(server_factory(warehouse).start()))
+    joining.start()
+    all_lanes = set(range(LANES))
+    changed_at: int | None = None
+    for n, message_id in enumerate(held):
+        wire.send(b"FIN " + message_id + b"\n")
+        time.sleep(0.01)
+        if changed_at is None and n % 10 == 0 and _lanes(first.url, topic) != all_lanes:
+            changed_at = n
+        if changed_at is not None and n > changed_at + 100:
+            break
+    joining.join(60)
+    assert changed_at is not None, "the FINs ran out before the first node's shares changed"
+    sent = held[: n + 1]
+    # No answer comes to a FIN that took effect; a refused one gets E_FIN_FAILED.
+    errors = []
+    with contextlib.suppress(TimeoutError):
+        while (got := wire.frame(2)) is not None:
+            if got[0] == ERROR:
+                errors.append(got[1])
+    assert errors == []
+    deadline = time.monotonic() + 10
+    while _stats_channel(first.url, topic)["in_flight_count"] != held_count - len(sent):
+        assert time.monotonic() < deadline, _stats_channel(first.url, topic)
+        time.sleep(0.1)
+    wire.close()
+    for node in (first, *joined):
+        node.stop()
