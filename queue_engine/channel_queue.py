@@ -428,7 +428,11 @@ class ChannelQueue:
         deliver_at = at + delay_us if kind is EventKind.REQ and delay_us > 0 else None
         for message_id, lease in answers:
             state = pending.get(message_id) or states.get(message_id)
-            attempt = lease_attempt(lease)
+            # The current lease names the current attempt (new_lease): parsed only otherwise.
+            if state is not None and lease == state.lease:
+                attempt: int | None = state.attempts
+            else:
+                attempt = lease_attempt(lease)
             if state is None or attempt is None:
                 failed.append(message_id)
                 continue
