@@ -339,3 +339,32 @@ def test_settled_leases_leave_the_expiry_heap_while_live_ones_still_time_out() -
     timeouts = queue.expire(now + 120_000_000)
     assert sorted(e.id for e in timeouts) == sorted(kept)
     assert not queue.in_flight
+
+
+def test_deliver_and_fin_states_carry_every_field() -> None:
+    before = MessageState(attempts=1, requeues=2, timeouts=3, deliver_at_us=5, timed_out=True)
+    deliver = LeaseEvent("m", EventKind.DELIVER, 2, 100, "2-00000000000a", 160, None, "c1")
+    delivered = apply(before, deliver)
+    assert delivered == MessageState(
+        attempts=2,
+        in_flight=True,
+        lease="2-00000000000a",
+        lease_owner="c1",
+        delivered_at_us=100,
+        lease_expires_at_us=160,
+        lease_duration_us=60,
+        requeues=2,
+        timeouts=3,
+    )
+    fin = LeaseEvent("m", EventKind.FIN, 2, 120, "2-00000000000a", None, None, None)
+    assert apply(delivered, fin) == MessageState(
+        attempts=2,
+        finished=True,
+        lease="2-00000000000a",
+        lease_owner="c1",
+        delivered_at_us=100,
+        lease_expires_at_us=160,
+        lease_duration_us=60,
+        requeues=2,
+        timeouts=3,
+    )
