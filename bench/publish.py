@@ -22,14 +22,10 @@ import argparse
 import contextlib
 import json
 import multiprocessing as mp
-import os
 import random
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,16 +34,10 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import LoadResult, run
-from procs import file_create_us, nsqd_process, object_store, store_env, warehouse_arg
+from procs import api_process, file_create_us, free_port, nsqd_process, object_store, stop
 
 HOST = "127.0.0.1"
 BODY = b"x" * 200
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def _stats(port: int, topic: str) -> dict[str, int]:
@@ -158,57 +148,29 @@ def _run_case(name: str, key: str, port: int, pid: int, seconds: float) -> dict[
     return r
 
 
-def _wait_ping(port: int) -> None:
-    for _ in range(100):
-        try:
-            urllib.request.urlopen(f"http://{HOST}:{port}/ping").read()
-            return
-        except OSError:
-            time.sleep(0.1)
-
-
 @contextlib.contextmanager
 def _deltaq(root: Path, ack: str) -> Iterator[tuple[int, int]]:
     """``deltaq api`` over a fresh warehouse under ``root``: (port, pid)."""
-    port = _free_port()
-    env = {**os.environ, **store_env(), "DELTAQ_ACK": ack}
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "deltaq",
-            "api",
-            "--warehouse",
-            warehouse_arg(root / "wh"),
-            "--port",
-            str(port),
-            "--tcp-port",
-            "0",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    root.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    server = api_process(root / "wh", port, env={"DELTAQ_ACK": ack})
     try:
-        _wait_ping(port)
         yield port, server.pid
     finally:
-        server.terminate()
-        server.wait(30)
+        stop(server)
 
 
 @contextlib.contextmanager
 def _nsqd(root: Path) -> Iterator[tuple[int, int] | None]:
-    port = _free_port()
-    nsqd = nsqd_process(root / "nsqd-data", _free_port(), port)
+    port = free_port()
+    nsqd = nsqd_process(root / "nsqd-data", free_port(), port)
     if nsqd is None:
         yield None
         return
     try:
         yield port, nsqd.pid
     finally:
-        nsqd.terminate()
-        nsqd.wait(30)
+        stop(nsqd)
 
 
 def main() -> int:
