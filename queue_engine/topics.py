@@ -36,6 +36,7 @@ from queue_engine.store.journal import (
 from queue_engine.store.journal_format import Record
 from queue_engine.store.maintenance import Maintenance
 from queue_engine.store.notices import NoticeWriter, topic_writer
+from queue_engine.store.object_store import is_remote
 from queue_engine.store.tables import Warehouse, delete_tree
 from queue_engine.store.writer import CommitStats, TopicWriter, WriterClosedError
 
@@ -46,6 +47,13 @@ log = logging.getLogger(__name__)
 TOPIC_NOTICE_S = 0.1
 TOPIC_NOTICE_BATCHES = 50
 TOPIC_NOTICE_TOPICS = 10_000
+
+
+def drain_linger_s(settings: Settings, warehouse_root: str) -> float:
+    """A busy topic's shortest time between commits, by where its table lives."""
+    if is_remote(warehouse_root):
+        return settings.object_store_drain_linger_ms / 1000
+    return settings.drain_linger_ms / 1000
 
 
 class DrainPacer:
@@ -112,7 +120,9 @@ class Topics:
         self._notice_task: asyncio.Task[None] | None = None
         # The node journal (ack = "journal"), once started.
         self.journal: Journal | None = None
-        self._pacer = DrainPacer(settings.drain_linger_ms / 1000, settings.drain_max_commits_per_s)
+        self._pacer = DrainPacer(
+            drain_linger_s(settings, warehouse.root), settings.drain_max_commits_per_s
+        )
         self.closing = False
 
     # -- writers --------------------------------------------------------------------------

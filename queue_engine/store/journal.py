@@ -45,7 +45,7 @@ JOURNAL_DIR = "_deltaq/journal"
 SEGMENT_BYTES = 16 * 1024 * 1024
 # Journal writes (PUTs) under way at once on an object store.
 REMOTE_IN_FLIGHT = 4
-# How often drained objects of a journal on an object store are deleted (one request each).
+# How often drained objects of a journal on an object store are deleted (one bulk request).
 REMOTE_TRUNCATE_S = 1.0
 
 # Called from the journal's thread once a write is durable (error None) or failed: the

@@ -212,16 +212,22 @@ def put_objects(items: list[tuple[str, bytes]]) -> None:
 
 
 def delete_objects(urls: list[str]) -> None:
-    """Delete each object (one that is already gone is no error)."""
+    """Delete each object (one that is already gone is no error): one request per bucket and
+    1,000 keys where the store deletes in bulk (S3's DeleteObjects), not one per object."""
+    import obstore
 
-    def delete(url: str) -> None:
-        import obstore
-
+    by_store: dict[int, tuple[Any, list[str]]] = {}
+    for url in urls:
         store, key = store_and_key(url)
-        with contextlib.suppress(FileNotFoundError):
-            obstore.delete(store, key)
-
-    list(_pool().map(delete, urls))
+        by_store.setdefault(id(store), (store, []))[1].append(key)
+    for store, keys in by_store.values():
+        try:
+            obstore.delete(store, keys)
+        except FileNotFoundError:
+            # Stores that report a missing key (GCS, Azure) fail the batch: one by one then.
+            for key in keys:
+                with contextlib.suppress(FileNotFoundError):
+                    obstore.delete(store, key)
 
 
 def newest_commit_after(table_url: str, known: int) -> int:

@@ -434,3 +434,27 @@ def test_a_store_outage_under_load_answers_503_and_loses_nothing_acknowledged(
     stored = direct.table(Warehouse(root).topic_path("load")).column("body").to_pylist()
     assert set(acked) <= set(stored)
     assert all(len(b) > 0 for b in stored)
+
+
+def test_deleting_many_objects_takes_one_request(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the journal's truncation and the checkpoint mirror delete goes in one S3
+    DeleteObjects request, not one request per object; a key already gone is no error."""
+    from queue_engine.store import object_store
+
+    trace: list[str] = []
+    proxy = StoreProxy(s3_server.port, trace=trace).start()
+    try:
+        for key, value in store_env(proxy.endpoint).items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setattr(object_store, "_stores", {})
+        root = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
+        urls = [f"{root}/o{i}" for i in range(40)]
+        object_store.put_objects([(url, b"x") for url in urls])
+        trace.clear()
+        object_store.delete_objects([*urls, f"{root}/never-written"])
+        assert [line.split(" ")[:2] for line in trace] == [["POST", f"/{BUCKET}?delete"]]
+        assert object_store.list_objects(root) == []
+    finally:
+        proxy.stop()

@@ -44,3 +44,12 @@ def test_unknown_keys_are_rejected(tmp_path: Path) -> None:
     conf.write_text("no_such_setting = 1\n")
     with pytest.raises(ValueError):
         load_settings(str(conf))
+
+
+def test_topics_on_an_object_store_commit_less_often() -> None:
+    from queue_engine.topics import drain_linger_s
+
+    assert drain_linger_s(Settings(), "/var/lib/deltaq") == 0.05
+    assert drain_linger_s(Settings(), "s3://bucket/wh") == 0.25
+    tuned = Settings(drain_linger_ms=10, object_store_drain_linger_ms=1000)
+    assert (drain_linger_s(tuned, "wh"), drain_linger_s(tuned, "gs://b/wh")) == (0.01, 1.0)
