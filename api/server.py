@@ -148,19 +148,35 @@ def _serve(
 async def _serve_both(main: _Server, secure: _HttpsServer | None) -> None:
     """The plain server (it runs the app's lifespan and owns the signals), and once it has
     started, HTTPS beside it on the same event loop; HTTPS stops when the plain one does."""
+    # HTTPS listens from the start (checked free before): a client that connects as soon as
+    # plain HTTP answers waits in the backlog for a moment instead of being refused.
+    early = _listening(secure.config) if secure is not None else None
     serving = asyncio.create_task(main.serve())
-    if secure is None:
+    if secure is None or early is None:
         await serving
         return
     while not main.started and not serving.done():
         await asyncio.sleep(0.02)
-    secure_serving = asyncio.create_task(secure.serve()) if main.started else None
+    secure_serving = asyncio.create_task(secure.serve([early])) if main.started else None
+    if secure_serving is None:
+        early.close()
     try:
         await serving
     finally:
         if secure_serving is not None:
             secure.should_exit = True
             await secure_serving
+
+
+def _listening(config: uvicorn.Config) -> socket.socket:
+    """A socket bound and listening on ``config``'s address, for uvicorn to serve later."""
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((config.host, config.port))
+    sock.listen(config.backlog)
+    sock.set_inheritable(True)
+    return sock
 
 
 # Allocations between young-generation collections (CPython's default: 700). The serving path

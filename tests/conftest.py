@@ -93,22 +93,12 @@ class Server:
             try:
                 # Plain HTTP answers from the start (403 TLS_REQUIRED under tls_required).
                 ping = httpx.get(f"{self.http_url}/ping", timeout=1)
-                if (ping.text == "OK" or ping.status_code == 403) and self._https_listening():
+                if ping.text == "OK" or ping.status_code == 403:
                     return self
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)
         raise TimeoutError(f"server did not start: {self.log()}")
-
-    def _https_listening(self) -> bool:
-        """HTTPS starts once the plain listener has (that one runs the app's lifespan)."""
-        if not self.https_port:
-            return True
-        try:
-            socket.create_connection((HOST, self.https_port), timeout=1).close()
-        except OSError:
-            return False
-        return True
 
     def _https_args(self, env: dict[str, str]) -> list[str]:
         """With a certificate, HTTPS on a free port of its own (nsqd's is 4152)."""
