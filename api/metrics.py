@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import pyarrow as pa
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -85,6 +86,13 @@ def families(
     info.add_metric([__version__, NSQD_VERSION], 1)
     tcp = gauge("tcp_connections", "Open connections of nsqd's TCP protocol.", [])
     tcp.add_metric([], tcp_connections)
+    pool = pa.default_memory_pool()
+    arrow = gauge(
+        "arrow_allocated_bytes",
+        "Memory Arrow holds for tables in use (message rows, Parquet), by its allocator.",
+        ["allocator"],
+    )
+    arrow.add_metric([pool.backend_name], pool.bytes_allocated())
     extra: list[Metric] = []
     if jobs is not None:
         # deltaq up's jobs process (fanout, sweep): alert when it is not up for long.
@@ -155,6 +163,7 @@ def families(
     return [
         info,
         tcp,
+        arrow,
         *extra,
         t_depth,
         t_messages,

@@ -278,9 +278,16 @@ class ObjectStoreAppender:
 
 
 def add_action(
-    name: str, size: int, rows: pa.Table, now_ms: int, *, data_change: bool
+    name: str,
+    size: int,
+    rows: pa.Table | dict[str, object],
+    now_ms: int,
+    *,
+    data_change: bool,
 ) -> dict[str, object]:
-    """The ``add`` action of a data file ``name`` (in the table root) holding ``rows``."""
+    """The ``add`` action of a data file ``name`` (in the table root) holding ``rows`` (or
+    rows whose statistics are ``rows``, as ``file_stats`` gives them)."""
+    stats = rows if isinstance(rows, dict) else file_stats(rows)
     return {
         "add": {
             "path": name,
@@ -288,7 +295,7 @@ def add_action(
             "size": size,
             "modificationTime": now_ms,
             "dataChange": data_change,
-            "stats": file_stats_json(rows),
+            "stats": json.dumps(stats, separators=(",", ":")),
         }
     }
 
@@ -368,10 +375,36 @@ class ProtocolChangedError(RuntimeError):
 
 def file_stats_json(table: pa.Table) -> str:
     """A data file's ``stats`` as its ``add`` action carries them."""
-    return json.dumps(_stats(table), separators=(",", ":"))
+    return json.dumps(file_stats(table), separators=(",", ":"))
 
 
-def _stats(table: pa.Table) -> dict[str, object]:
+def merged_stats(parts: list[dict[str, Any]]) -> dict[str, object]:
+    """The ``file_stats`` of the rows of several tables written to one file."""
+    minimum: dict[str, object] = {}
+    maximum: dict[str, object] = {}
+    nulls: dict[str, int] = {}
+    for part in parts:
+        for column, low in part["minValues"].items():
+            if low is not None and (minimum.get(column) is None or low < minimum[column]):
+                minimum[column] = low
+            else:
+                minimum.setdefault(column, low)
+        for column, high in part["maxValues"].items():
+            if high is not None and (maximum.get(column) is None or high > maximum[column]):
+                maximum[column] = high
+            else:
+                maximum.setdefault(column, high)
+        for column, count in part["nullCount"].items():
+            nulls[column] = nulls.get(column, 0) + count
+    return {
+        "numRecords": sum(int(part["numRecords"]) for part in parts),
+        "minValues": minimum,
+        "maxValues": maximum,
+        "nullCount": nulls,
+    }
+
+
+def file_stats(table: pa.Table) -> dict[str, object]:
     """Delta file statistics: row count, and min/max/null count of the exact-able columns."""
     minimum: dict[str, object] = {}
     maximum: dict[str, object] = {}

@@ -29,6 +29,8 @@ from queue_engine.store.tables import (
 
 COLUMNS = ["id", "body", "published_at", "deliver_at", "topic_version", "expires_at"]
 _SCHEMA = pa.schema([CHANNEL_MESSAGES_SCHEMA.field(c) for c in COLUMNS])
+# Bytes read from a channel file at a time while its rows are taken in windows.
+READ_BUFFER_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,12 @@ class ChannelReader:
                     return None
                 self._current = self._pending.popleft()
                 fs, local = filesystem(self._current.path)
-                parquet = pq.ParquetFile(fs.open_input_file(local))
+                # Buffered: pages are decoded as the batches are taken, rather than a whole row
+                # group at once (Spark writes up to 128 MiB per row group: a fanned-out backlog
+                # of 400,000 messages is one, ~170 MiB decoded).
+                parquet = pq.ParquetFile(
+                    fs.open_input_file(local), buffer_size=READ_BUFFER_BYTES, pre_buffer=False
+                )
                 # Files written before a column was added lack it: it reads as null.
                 present = [c for c in COLUMNS if c in parquet.schema_arrow.names]
                 self._batches = parquet.iter_batches(batch_size=max_rows, columns=present)

@@ -20,20 +20,31 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from queue_engine import __version__
-from queue_engine.store.append import add_action, log_entry, put_log_entry
+from queue_engine.store.append import (
+    add_action,
+    file_stats,
+    log_entry,
+    merged_stats,
+    put_log_entry,
+)
 from queue_engine.store.object_store import is_remote, read_objects, store_and_key
 from queue_engine.store.remove_files import put_remote, remove_action, winner_check
 from queue_engine.store.spare_files import SPARE_DIR
 from queue_engine.store.tables import parquet_dataset
 
 log = logging.getLogger(__name__)
+
+# Input bytes (compressed, as the files are) read and written at a time.
+CHUNK_BYTES = 1 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -78,15 +89,17 @@ def compact_small_files(
     if is_remote(path):
         return _compact_remote(path.rstrip("/"), dt, small, schema, name, target_file_bytes)
     root = os.path.abspath(path)
-    rows = parquet_dataset([os.path.join(root, p) for p, _ in small], schema).to_table()
-
     staging_dir = os.path.join(root, SPARE_DIR)
     os.makedirs(staging_dir, exist_ok=True)
     staged = os.path.join(staging_dir, f"{uuid.uuid4().hex}.compacting")
-    pq.write_table(rows, staged, compression="snappy")
+    chunks = (
+        parquet_dataset([os.path.join(root, p) for p, _ in chunk], schema).to_table()
+        for chunk in _chunks(small)
+    )
+    stats = _write(chunks, staged)
     size = os.path.getsize(staged)
     os.rename(staged, os.path.join(root, name))  # never visible half-written
-    entry = _entry(dt, small, name, size, rows, target_file_bytes)
+    entry = _entry(dt, small, name, size, stats, target_file_bytes)
     check_winner = winner_check(inputs, CompactionConflict)
 
     staging = os.path.join(staging_dir, f"{uuid.uuid4().hex}.commit")
@@ -100,7 +113,39 @@ def compact_small_files(
         os.unlink(os.path.join(root, name))  # referenced by no commit
         os.unlink(staging)
         raise
-    return Compacted(len(small), rows.num_rows, version)
+    return Compacted(len(small), int(stats["numRecords"]), version)
+
+
+def _chunks(small: list[tuple[str, int]]) -> Iterator[list[tuple[str, int]]]:
+    """The inputs in log order, a bounded number of bytes at a time."""
+    chunk: list[tuple[str, int]] = []
+    size = 0
+    for item in small:
+        chunk.append(item)
+        size += item[1]
+        if size >= CHUNK_BYTES:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def _write(chunks: Iterable[pa.Table], sink: str | pa.NativeFile) -> Any:
+    """Write ``chunks`` in order as one Parquet file; its ``add`` statistics. One chunk at a
+    time: compacting a busy ledger's thousand files held them all decoded at once (~150 MiB
+    for 400,000 events) where a chunk is a few MiB."""
+    parts = []
+    writer: pq.ParquetWriter | None = None
+    try:
+        for rows in chunks:
+            if writer is None:
+                writer = pq.ParquetWriter(sink, rows.schema, compression="snappy")
+            writer.write_table(rows.cast(writer.schema))
+            parts.append(file_stats(rows))
+    finally:
+        if writer is not None:
+            writer.close()
+    return merged_stats(parts)
 
 
 def _compact_remote(
@@ -115,27 +160,32 @@ def _compact_remote(
     appears whole), the commit a put-if-absent PUT."""
     import obstore
 
-    datas = read_objects([f"{root}/{p}" for p, _ in small])
-    tables = []
-    for (p, _), data in zip(small, datas, strict=True):
-        if data is None:
-            raise CompactionConflict(f"{p} is gone")
-        tables.append(pq.read_table(pa.BufferReader(data)).select(schema.names).cast(schema))
-    rows = pa.concat_tables(tables)
+    def fetched() -> Iterator[pa.Table]:
+        for chunk in _chunks(small):
+            datas = read_objects([f"{root}/{p}" for p, _ in chunk])
+            tables = []
+            for (p, _), data in zip(chunk, datas, strict=True):
+                if data is None:
+                    raise CompactionConflict(f"{p} is gone")
+                tables.append(
+                    pq.read_table(pa.BufferReader(data)).select(schema.names).cast(schema)
+                )
+            yield pa.concat_tables(tables)
+
     buffer = pa.BufferOutputStream()
-    pq.write_table(rows, buffer, compression="snappy")
+    stats = _write(fetched(), buffer)
     data = buffer.getvalue()
     store, key = store_and_key(root)
     prefix = f"{key}/" if key else ""
     obstore.put(store, prefix + name, data.to_pybytes())
-    entry = _entry(dt, small, name, data.size, rows, target_file_bytes)
+    entry = _entry(dt, small, name, data.size, stats, target_file_bytes)
     check_winner = winner_check({p for p, _ in small}, CompactionConflict)
     try:
         version = put_remote(root, dt.version() + 1, entry, check_winner, CompactionConflict)
     except BaseException:
         obstore.delete(store, prefix + name)  # referenced by no commit
         raise
-    return Compacted(len(small), rows.num_rows, version)
+    return Compacted(len(small), int(stats["numRecords"]), version)
 
 
 def _entry(
@@ -143,7 +193,7 @@ def _entry(
     small: list[tuple[str, int]],
     name: str,
     size: int,
-    rows: pa.Table,
+    stats: dict[str, Any],
     target_file_bytes: int,
 ) -> bytes:
     """The compaction's commit: ``remove`` of each input, one ``add``, all dataChange=false."""
@@ -157,7 +207,7 @@ def _entry(
         "operationMetrics": {
             "numRemovedFiles": str(len(small)),
             "numAddedFiles": "1",
-            "numOutputRows": str(rows.num_rows),
+            "numOutputRows": str(stats["numRecords"]),
         },
         "engineInfo": f"deltaq/{__version__}",
     }
@@ -165,5 +215,5 @@ def _entry(
     entry += [
         remove_action(path, size_bytes, now_ms, data_change=False) for path, size_bytes in small
     ]
-    entry.append(add_action(name, size, rows, now_ms, data_change=False))
+    entry.append(add_action(name, size, stats, now_ms, data_change=False))
     return log_entry(entry)

@@ -77,6 +77,8 @@ def test_metrics_follow_the_queue(
     assert samples[("deltaq_topic_commit_duration_seconds_count", topic)] >= 1
     assert samples[("deltaq_ledger_commit_duration_seconds_count", channel)] >= 1
     assert samples[("process_resident_memory_bytes", ())] > 10 * 2**20
+    # Arrow allocates from the system's malloc (its bundled mimalloc keeps what threads free).
+    assert samples[("deltaq_arrow_allocated_bytes", (("allocator", "system"),))] >= 0
     assert samples[("deltaq_build_info", (("nsqd_version", "1.3.0"), ("version", "0.1.0")))] == 1
 
     assert http.post("/channel/pause", params={"topic": "m", "channel": "c"}).is_success

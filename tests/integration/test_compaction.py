@@ -8,12 +8,14 @@ import threading
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from queue_engine.store.append import LocalAppender
 from queue_engine.store.commit_log import added_files
+from queue_engine.store import compaction
 from queue_engine.store.compaction import CompactionConflict, compact_small_files
 from queue_engine.store.tables import TOPIC_SCHEMA, conform, open_or_create
 
@@ -62,6 +64,31 @@ def test_compaction_keeps_rows_in_log_order_and_old_versions(tmp_path: Path) -> 
     assert DeltaTable(path, version=20).to_pyarrow_table().equals(before)
     # Nothing small enough (under half of 64 bytes): nothing to do.
     assert compact_small_files(path, DeltaTable(path), 64) is None
+
+
+def test_compaction_reads_and_writes_a_chunk_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inputs go into the output a few at a time (bounded memory); the output's rows, order
+    and statistics are those of all of them."""
+    path, _ = _table(tmp_path, 12)
+    before = DeltaTable(path).to_pyarrow_table()
+    sizes = sorted(os.path.getsize(u) for u in DeltaTable(path).file_uris())
+    # Three inputs a chunk.
+    monkeypatch.setattr(compaction, "CHUNK_BYTES", 3 * sizes[-1] - 1)
+    done = compact_small_files(path, DeltaTable(path), TARGET)
+    assert done is not None and (done.files_removed, done.rows) == (12, 24)
+    dt = DeltaTable(path)
+    [output] = dt.file_uris()
+    assert pq.ParquetFile(output).metadata.num_row_groups == 4
+    assert dt.to_pyarrow_table()["id"].to_pylist() == before["id"].to_pylist()
+    add = pa.table(dt.get_add_actions(flatten=True)).to_pylist()[0]
+    assert (add["min.id"], add["max.id"], add["num_records"]) == (
+        f"{0:016x}",
+        f"{23:016x}",
+        24,
+    )
+    assert add["null_count.id"] == 0
 
 
 def test_compaction_while_appending_loses_and_duplicates_nothing(tmp_path: Path) -> None:
