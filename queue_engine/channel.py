@@ -13,7 +13,6 @@ its queue from the tables: memory never keeps a change the ledger does not have.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import time
@@ -122,12 +121,9 @@ class ChannelRuntime:
         is_paused: Callable[[], bool],
         notify: Callable[[list[object], BaseException | None], None],
         on_waiting: Callable[[ChannelRuntime], None] | None = None,
-        on_ledger_commit: Callable[[str], None] | None = None,
         lanes: frozenset[int] | None = None,
     ) -> None:
         self.topic = topic
-        # Told the ledger's path after each ledger commit (the table maintenance).
-        self._on_ledger_commit = on_ledger_commit
         self.channel = channel
         # The shares of the channel served here (queue_engine.shares; None: all of it).
         self.lanes = lanes
@@ -183,8 +179,6 @@ class ChannelRuntime:
             self._notify,
             name=f"{self.topic}/{self.channel}",
         )
-        if self._on_ledger_commit is not None:
-            self._writer.on_commit = functools.partial(self._on_ledger_commit, self.ledger_path)
         await self._rebuild()
 
     async def _rebuild(self) -> None:

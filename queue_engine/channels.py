@@ -167,7 +167,6 @@ class Channels:
             is_paused=lambda: self._paused(topic, channel),
             notify=self._acks.committed,
             on_waiting=self.pump.heat,
-            on_ledger_commit=self._maintenance.changed,
             lanes=lanes,
         )
         try:

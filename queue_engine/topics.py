@@ -247,9 +247,6 @@ class Topics:
         if error is None:
             with self._written_lock:
                 self._written.add(name)
-            writer = self._writers.get(name)
-            if writer is not None:
-                self._maintenance.changed(writer.path)
         journaled = [t.position for t in tokens if isinstance(t, _Journaled)]
         if journaled:
             tokens = [t for t in tokens if not isinstance(t, _Journaled)]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -145,8 +144,6 @@ class LedgerWriter(GroupCommitter[list[LeaseEvent]]):
         # The newest version this writer knows of (its own commits move it).
         self.version = int(open_or_create(path, LEDGER_SCHEMA).version())
         self.own = OwnVersions()
-        # Told after each commit (the maintenance wakes a table it had stopped probing often).
-        self.on_commit: Callable[[], None] | None = None
         super().__init__(
             path,
             notify,
@@ -164,5 +161,3 @@ class LedgerWriter(GroupCommitter[list[LeaseEvent]]):
         version = self._append(events_to_arrow(events))
         self.own.add(version)
         self.version = max(self.version, version)
-        if self.on_commit is not None:
-            self.on_commit()

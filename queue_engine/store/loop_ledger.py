@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.lease import LeaseEvent
@@ -53,8 +52,6 @@ class LoopLedgerWriter:
         self._reopen_requested = False
         self.own = OwnVersions()
         self._histogram = ledger_histogram(name) if name else None
-        # Told after each commit (the maintenance wakes a table it had stopped probing often).
-        self.on_commit: Callable[[], None] | None = None
 
     def submit_events(self, events: list[LeaseEvent], future: asyncio.Future[None]) -> None:
         """Queue ``events`` for this iteration's commit; ``future`` resolves when it landed."""
@@ -96,8 +93,6 @@ class LoopLedgerWriter:
             self.version = max(self.version, version)
             if self._histogram is not None:
                 self._histogram.observe(time.perf_counter() - started)
-            if self.on_commit is not None:
-                self.on_commit()
         except Exception as exc:  # reported to every request of the batch
             log.exception("commit to %s failed (%d requests)", self.name, len(batch))
             error = QueueError(ErrorCode.E_COMMIT_FAILED, str(exc))

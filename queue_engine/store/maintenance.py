@@ -46,11 +46,6 @@ def _open(path: str) -> DeltaTable:
 
 
 QUIET_MAX_ROUNDS = 60
-# However fast a table commits, a checkpoint follows at most this many times
-# checkpoint_interval_commits after the last (before checkpoint_min_interval_s has passed):
-# opening the table replays every commit since its last checkpoint, and delta-rs keeps the
-# memory that took (measured on a ledger: +50 MiB for 700 commits, +130 MiB for 3,000).
-CHECKPOINT_REPLAY_FACTOR = 10
 
 
 @dataclass
@@ -70,8 +65,6 @@ class _Upkeep:
     # rounds apart): ten thousand idle tables do not mean ten thousand probes a second.
     quiet_rounds: int = 0
     next_probe_s: float = 0.0
-    # When its live schedule entry is due (an entry at another time is stale: skipped).
-    scheduled_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -129,24 +122,6 @@ class Maintenance:
                 upkeep = self._tables[path] = _Upkeep(last_vacuum_s=time.monotonic())
                 heapq.heappush(self._schedule, (0.0, next(self._scheduled), path, upkeep))
 
-    def changed(self, path: str) -> None:
-        """A writer committed to ``path``: a table probed seldom because it was quiet is probed
-        at the next round again (a channel idle for a minute, then consumed at a few hundred
-        ledger commits a second, was otherwise first looked at ~20,000 commits later). Cheap
-        enough for every commit: nothing to do unless the table was quiet."""
-        upkeep = self._tables.get(path)
-        if upkeep is None or upkeep.quiet_rounds == 0:
-            return
-        with self._lock:
-            if self._tables.get(path) is not upkeep or upkeep.quiet_rounds == 0:
-                return
-            upkeep.quiet_rounds = 0
-            upkeep.next_probe_s = time.monotonic()
-            upkeep.scheduled_at = upkeep.next_probe_s
-            heapq.heappush(
-                self._schedule, (upkeep.scheduled_at, next(self._scheduled), path, upkeep)
-            )
-
     def unwatch(self, path: str) -> None:
         with self._lock:
             self._tables.pop(path, None)
@@ -163,9 +138,9 @@ class Maintenance:
                 with self._lock:
                     if not self._schedule or self._schedule[0][0] > now:
                         break
-                    at, _, path, upkeep = heapq.heappop(self._schedule)
-                    if self._tables.get(path) is not upkeep or at != upkeep.scheduled_at:
-                        continue  # unwatched, or rescheduled since
+                    _, _, path, upkeep = heapq.heappop(self._schedule)
+                    if self._tables.get(path) is not upkeep:
+                        continue  # unwatched since
                 try:
                     self.upkeep(path, upkeep)
                 except Exception:
@@ -174,7 +149,6 @@ class Maintenance:
                 with self._lock:
                     if self._tables.get(path) is upkeep:
                         at = max(upkeep.next_probe_s, now + self.policy.interval_ms / 1000)
-                        upkeep.scheduled_at = at
                         heapq.heappush(self._schedule, (at, next(self._scheduled), path, upkeep))
 
     def upkeep(self, path: str, upkeep: _Upkeep | None = None) -> None:
@@ -194,12 +168,10 @@ class Maintenance:
             upkeep.quiet_rounds * self.policy.interval_ms / 1000
         )
         upkeep.known_version = version
-        since = version - upkeep.last_checkpoint_version
-        every = self.policy.checkpoint_interval_commits
         checkpoint_due = (
-            since >= every
+            version - upkeep.last_checkpoint_version >= self.policy.checkpoint_interval_commits
             and time.monotonic() - upkeep.last_checkpoint_s >= self.policy.checkpoint_min_interval_s
-        ) or since >= CHECKPOINT_REPLAY_FACTOR * every
+        )
         vacuum_due = (
             time.monotonic() - upkeep.last_vacuum_s >= self.policy.vacuum_interval_s
             and self._vacuum_useful(upkeep, version)

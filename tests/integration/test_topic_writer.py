@@ -400,48 +400,6 @@ def test_checkpoints_wait_for_the_minimum_interval(tmp_path: Path) -> None:
     assert DeltaTable(path).to_pyarrow_table().num_rows == 30
 
 
-def test_a_table_committing_fast_is_checkpointed_whatever_the_minimum_interval(
-    tmp_path: Path,
-) -> None:
-    """Past ten times checkpoint_interval_commits a checkpoint comes before the minimum
-    interval has passed: opening the table for it replays every commit since the last."""
-    path = str(tmp_path / "t")
-    open_or_create(path, TOPIC_SCHEMA)
-    fast = LocalAppender(path)
-    m = Maintenance(_policy(checkpoint_min_interval_s=3600))
-    counter = iter(range(1000))
-    for commits, checkpoints in ((10, 1), (20, 1), (35, 2)):
-        for _ in range(commits):
-            fast.append(_batch(1, next(counter)))
-        m.upkeep(path)
-        assert m.checkpoints == checkpoints
-
-
-def test_a_quiet_table_is_looked_at_again_once_written(tmp_path: Path) -> None:
-    """A table that stopped changing is probed seldom (up to QUIET_MAX_ROUNDS rounds apart);
-    a writer's commit brings it back to every round, so its first checkpoint does not wait
-    for the quiet probe (here 6 s away)."""
-    path = str(tmp_path / "t")
-    open_or_create(path, TOPIC_SCHEMA)
-    fast = LocalAppender(path)
-    m = Maintenance(_policy(interval_ms=100))
-    m.watch(path)
-    for _ in range(8):
-        m.upkeep(path)  # unchanged: the rounds between probes double up to the maximum
-    m.start()
-    try:
-        time.sleep(0.5)  # the first round looks once more and schedules the next 6 s away
-        for i in range(5):
-            fast.append(_batch(1, i))
-        m.changed(path)
-        deadline = time.monotonic() + 3
-        while m.checkpoints == 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert m.checkpoints == 1
-    finally:
-        m.stop()
-
-
 def test_a_commit_missing_from_a_listing_for_a_moment_is_listed_again(tmp_path: Path) -> None:
     """A directory listed while commit files are renamed into it can show version n+1 and not
     n: opening the table for upkeep lists again rather than failing the round; a gap that
