@@ -72,8 +72,9 @@ def serve(
 def use_system_allocator_for_arrow() -> None:
     """Arrow's tables (rows read, ledger rows, Parquet) from the C library's malloc rather than
     the wheel's bundled mimalloc, unless ARROW_DEFAULT_MEMORY_POOL chooses. mimalloc keeps what
-    each thread freed: consuming a 400,000-message backlog over TCP peaked at 412-441 MiB with
-    it and at 274-353 MiB with the system allocator, at the same rates (bench/tcp.py)."""
+    each thread freed: consuming a 400,000-message backlog over TCP peaked at 315-406 MiB with
+    it and at 261-324 MiB with the system allocator, four runs of each in turn, at rates within
+    run-to-run spread (bench/tcp.py)."""
     if not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
         pa.set_memory_pool(pa.system_memory_pool())
 
