@@ -1,0 +1,38 @@
+"""Empty files made ahead for local commits: a table keeps two ready, more once it commits
+faster than they are made, and what it took is its own."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from queue_engine.store.spare_files import SpareFiles
+
+
+def _ready(spares: SpareFiles, count: int) -> list[str]:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        names = os.listdir(spares.directory)
+        if len(names) == count:
+            return names
+        time.sleep(0.01)
+    raise AssertionError(f"{os.listdir(spares.directory)} is not {count} files")
+
+
+def test_a_table_keeps_two_then_more_once_it_runs_out(tmp_path: Path) -> None:
+    spares = SpareFiles(str(tmp_path / "t"))
+    try:
+        assert spares.stock == 2
+        _ready(spares, 2)
+        taken = [spares.take() for _ in range(3)]  # the third finds none ready
+        assert len(set(taken)) == 3
+        assert all(os.path.getsize(p) == 0 for p in taken)
+        assert spares.stock == 4
+        assert len(_ready(spares, 4 + 3)) == 7  # four ready beside the three taken
+        for _ in range(3):
+            for _ in range(spares.stock + 1):
+                spares.take()
+        assert spares.stock == 8  # at most
+    finally:
+        spares.close()
