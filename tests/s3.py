@@ -5,6 +5,7 @@ away) or strip ``If-None-Match`` (a store that ignores put-if-absent)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
@@ -149,9 +150,21 @@ class StoreProxy:
 
     def stop(self) -> None:
         if self._loop is not None:
+            # Connections clients keep alive end here, on the running loop, not when their
+            # coroutines are collected after it closed.
+            ended = asyncio.run_coroutine_threadsafe(self._end_connections(), self._loop)
+            with contextlib.suppress(Exception):
+                ended.result(10)
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:
             self._thread.join(10)
+
+    @staticmethod
+    async def _end_connections() -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
