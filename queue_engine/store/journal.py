@@ -27,6 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from queue_engine.store.fs_sync import sync_filesystem
 from queue_engine.store.journal_format import Record, decode, encode
 from queue_engine.store.object_store import (
     delete_objects,
@@ -75,6 +76,17 @@ class _Write:
 
 def _object_name(first: int, last: int) -> str:
     return f"{first:020d}-{last:020d}.jrn"
+
+
+def _sync_then_unlink(directory: str, paths: list[str]) -> None:
+    try:
+        sync_filesystem(directory)
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    except OSError:
+        # Left for recovery: a drained segment left behind costs a re-read, never a duplicate.
+        log.warning("truncating the journal %s failed", directory, exc_info=True)
 
 
 def _delete_quietly(urls: list[str]) -> None:
@@ -127,6 +139,8 @@ class Journal:
             if self._remote
             else None
         )
+        # Deletes drained local segments once their topic commits are on disk (fs_sync).
+        self._unlinker = ThreadPoolExecutor(1, thread_name_prefix="deltaq-journal-truncate")
         if not self._remote:
             os.makedirs(self.path, exist_ok=True)
         self._thread = threading.Thread(target=self._run, name="deltaq-journal", daemon=True)
@@ -183,9 +197,12 @@ class Journal:
                     len(self._undrained),
                 )
                 return False
+        self._unlinker.shutdown(wait=True)
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if not self._remote:
+            sync_filesystem(self.path)  # every topic commit is on disk before the journal goes
         delete_tree(self.path)
         return True
 
@@ -316,9 +333,11 @@ class Journal:
                 # again at recovery and skipped there (their publishes are committed).
                 self._puts.submit(_delete_quietly, [f"{self.path}/{s.name}" for s in done])
             else:
-                for segment in done:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(self.path, segment.name))
+                # Off this thread (acknowledgements wait for it): the commits holding these
+                # publishes are made durable, then the segments go.
+                self._unlinker.submit(
+                    _sync_then_unlink, self.path, [os.path.join(self.path, s.name) for s in done]
+                )
         except Exception:
             # Kept for the next pass: a drained segment left behind costs a re-read at recovery.
             log.warning("truncating the journal %s failed (retried)", self.path, exc_info=True)

@@ -10,8 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from deltalake import DeltaTable
 
+from queue_engine.store import fs_sync
+from queue_engine.store import journal as journal_module
 from queue_engine.store.journal import Journal, app_id, journal_tokens, read_journal
 from queue_engine.store.journal_format import Record
 from queue_engine.store.tables import Warehouse
@@ -92,10 +95,19 @@ def test_a_drain_run_again_after_a_crash_adds_no_row_twice(tmp_path: Path) -> No
     assert bodies == [b"a", b"a", b"b", b"c", b"d"]
 
 
-def test_segments_are_deleted_once_drained(tmp_path: Path) -> None:
+def test_segments_are_deleted_once_drained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Drained segments go, but only after their filesystem was synced: the topic commits
+    holding their publishes are on disk before the journal forgets them (a power loss)."""
+    directory = tmp_path / "_deltaq" / "journal" / "tok"
+    synced: list[int] = []  # the segments there when the filesystem was synced
+
+    def sync(path: str) -> None:
+        synced.append(len(os.listdir(directory)))
+        fs_sync.sync_filesystem(path)
+
+    monkeypatch.setattr(journal_module, "sync_filesystem", sync)
     durable = _Durable()
     journal = Journal(str(tmp_path), "tok", durable, segment_bytes=64)
-    directory = tmp_path / "_deltaq" / "journal" / "tok"
     for n in range(6):
         journal.append("t", [b"x" * 100], n, None, None, n)
         durable.wait(n + 1)
@@ -110,11 +122,13 @@ def test_segments_are_deleted_once_drained(tmp_path: Path) -> None:
     while len(os.listdir(directory)) != 3 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(os.listdir(directory)) == 3
+    assert synced == [7]  # before the four went
     journal.close()
     assert not journal.remove_if_drained()
     journal.drained([r.position for r in durable.records[4:]])
     assert journal.remove_if_drained()
     assert not directory.exists()
+    assert synced == [7, 3]
 
 
 def test_a_server_commits_what_a_dead_processs_journal_holds_once(
