@@ -7,6 +7,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from queue_engine.store.spare_files import SpareFiles
 
 
@@ -20,19 +22,24 @@ def _ready(spares: SpareFiles, count: int) -> list[str]:
     raise AssertionError(f"{os.listdir(spares.directory)} is not {count} files")
 
 
-def test_a_table_keeps_two_then_more_once_it_runs_out(tmp_path: Path) -> None:
+def test_a_table_keeps_two_then_more_once_it_runs_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spares = SpareFiles(str(tmp_path / "t"))
     try:
         assert spares.stock == 2
         _ready(spares, 2)
-        taken = [spares.take() for _ in range(3)]  # the third finds none ready
+        with monkeypatch.context() as m:
+            m.setattr(spares, "_ask", lambda: None)  # no refill between these takes
+            taken = [spares.take() for _ in range(3)]  # the third finds none ready
         assert len(set(taken)) == 3
         assert all(os.path.getsize(p) == 0 for p in taken)
         assert spares.stock == 4
-        assert len(_ready(spares, 4 + 3)) == 7  # four ready beside the three taken
-        for _ in range(3):
-            for _ in range(spares.stock + 1):
-                spares.take()
+        taken.append(spares.take())  # none ready again: eight now, and a refill is asked for
+        assert spares.stock == 8
+        assert len(_ready(spares, 8 + len(taken))) == 12  # eight ready beside the four taken
+        for _ in range(9):
+            spares.take()
         assert spares.stock == 8  # at most
     finally:
         spares.close()
