@@ -182,10 +182,10 @@ class Settings(BaseSettings):
     # messages reach the topic table (and consumers) sooner.
     drain_linger_ms: int = Field(default=50, ge=0, le=10_000)
     # The same on an object-store warehouse, where a commit is a few requests of ~20 ms each
-    # and every commit file is read again by the next checkpoint: a busy topic commits ~4
+    # and every commit file is read again by the next checkpoint: a busy topic commits ~5
     # times a second instead of ~15 (measured on S3's wire protocol: the checkpoints' log reads
-    # then no longer hold up the journal's PUTs; publish -> visible grows by ~0.2 s).
-    object_store_drain_linger_ms: int = Field(default=250, ge=0, le=10_000)
+    # then no longer hold up the journal's PUTs; publish -> visible grows by ~0.15 s).
+    object_store_drain_linger_ms: int = Field(default=200, ge=0, le=10_000)
     # With ack = "journal": about how many topic commits a second the node makes at most; with
     # many busy topics each waits longer (active topics / this, in seconds) and carries more.
     drain_max_commits_per_s: int = Field(default=250, ge=1)

@@ -50,6 +50,6 @@ def test_topics_on_an_object_store_commit_less_often() -> None:
     from queue_engine.topics import drain_linger_s
 
     assert drain_linger_s(Settings(), "/var/lib/deltaq") == 0.05
-    assert drain_linger_s(Settings(), "s3://bucket/wh") == 0.25
+    assert drain_linger_s(Settings(), "s3://bucket/wh") == 0.2
     tuned = Settings(drain_linger_ms=10, object_store_drain_linger_ms=1000)
     assert (drain_linger_s(tuned, "wh"), drain_linger_s(tuned, "gs://b/wh")) == (0.01, 1.0)
