@@ -45,6 +45,12 @@ def _table(tmp_path: Path, commits: int) -> tuple[str, LocalAppender]:
     return path, appender
 
 
+def _id_stats(dt: DeltaTable) -> tuple[str, str, int, int]:
+    """The statistics the table's one file's ``add`` carries: min and max id, rows, null ids."""
+    [add] = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    return add["min.id"], add["max.id"], add["num_records"], add["null_count.id"]
+
+
 def test_compaction_keeps_rows_in_log_order_and_old_versions(tmp_path: Path) -> None:
     path, _ = _table(tmp_path, 20)
     before = DeltaTable(path).to_pyarrow_table()
@@ -53,12 +59,7 @@ def test_compaction_keeps_rows_in_log_order_and_old_versions(tmp_path: Path) -> 
     dt = DeltaTable(path)
     assert len(dt.file_uris()) == 1
     assert dt.to_pyarrow_table()["id"].to_pylist() == before["id"].to_pylist()
-    add = pa.table(dt.get_add_actions(flatten=True)).to_pylist()[0]
-    assert (add["min.id"], add["max.id"], add["num_records"]) == (
-        f"{0:016x}",
-        f"{39:016x}",
-        40,
-    )
+    assert _id_stats(dt) == (f"{0:016x}", f"{39:016x}", 40, 0)
     # Streaming readers skip it (dataChange=false); time travel still sees the old files.
     assert added_files(path, 20, 21) == []
     assert DeltaTable(path, version=20).to_pyarrow_table().equals(before)
@@ -74,21 +75,15 @@ def test_compaction_reads_and_writes_a_chunk_at_a_time(
     path, _ = _table(tmp_path, 12)
     before = DeltaTable(path).to_pyarrow_table()
     sizes = sorted(os.path.getsize(u) for u in DeltaTable(path).file_uris())
-    # Three inputs a chunk.
-    monkeypatch.setattr(compaction, "CHUNK_BYTES", 3 * sizes[-1] - 1)
+    assert sizes[-1] < 1.5 * sizes[0]  # so a chunk of this many bytes is three inputs
+    monkeypatch.setattr(compaction, "CHUNK_BYTES", 3 * sizes[0])
     done = compact_small_files(path, DeltaTable(path), TARGET)
     assert done is not None and (done.files_removed, done.rows) == (12, 24)
     dt = DeltaTable(path)
     [output] = dt.file_uris()
     assert pq.ParquetFile(output).metadata.num_row_groups == 4
     assert dt.to_pyarrow_table()["id"].to_pylist() == before["id"].to_pylist()
-    add = pa.table(dt.get_add_actions(flatten=True)).to_pylist()[0]
-    assert (add["min.id"], add["max.id"], add["num_records"]) == (
-        f"{0:016x}",
-        f"{23:016x}",
-        24,
-    )
-    assert add["null_count.id"] == 0
+    assert _id_stats(dt) == (f"{0:016x}", f"{23:016x}", 24, 0)
 
 
 def test_compaction_while_appending_loses_and_duplicates_nothing(tmp_path: Path) -> None:
