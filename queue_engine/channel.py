@@ -118,6 +118,7 @@ class ChannelRuntime:
         expired_dead: bool = False,
         scan_leases: bool = True,
         mem_queue_size: int,
+        ledger_linger_ms: int = 0,
         is_paused: Callable[[], bool],
         notify: Callable[[list[object], BaseException | None], None],
         on_waiting: Callable[[ChannelRuntime], None] | None = None,
@@ -140,6 +141,7 @@ class ChannelRuntime:
         # The ledger version up to which foreign commits (the sweep's) have been applied.
         self._ledger_seen = -1
         self._mem_queue_size = max(2, mem_queue_size)
+        self._ledger_linger_s = ledger_linger_ms / 1000
         self._is_paused = is_paused
         self._notify = notify
         # Told when a consumer starts waiting here: the broker then ticks this channel often.
@@ -178,6 +180,7 @@ class ChannelRuntime:
             asyncio.get_running_loop(),
             self._notify,
             name=f"{self.topic}/{self.channel}",
+            linger_s=self._ledger_linger_s,
         )
         await self._rebuild()
 
@@ -247,12 +250,23 @@ class ChannelRuntime:
     # -- consumers --------------------------------------------------------------------------
 
     async def sub(
-        self, limit: int | Callable[[], int], wait_s: float, lease_us: int, consumer: str
+        self,
+        limit: int | Callable[[], int],
+        wait_s: float,
+        lease_us: int,
+        consumer: str,
+        *,
+        durable: bool = True,
     ) -> list[Delivery]:
         """Lease up to ``limit`` messages, waiting up to ``wait_s`` for the first one.
 
         ``limit`` may be a function, asked again after each wait (a TCP client's RDY less its
-        messages in flight changes while it waits); at 0 nothing more is awaited."""
+        messages in flight changes while it waits); at 0 nothing more is awaited.
+
+        ``durable``: the deliveries' DELIVER events are in the ledger on return. Without it
+        they are submitted (lazily, with the next commit) and the deliveries return at once:
+        for a TCP connection, whose leases end with it as nsqd's do, so a crash before that
+        commit only makes them ready again, as a closed connection would."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         client = self._clients.get(consumer)
@@ -275,7 +289,10 @@ class ChannelRuntime:
                 if self.queue.dying:
                     await self._bury(events)
                 elif events:
-                    await self._write(events)
+                    if durable:
+                        await self._write(events)
+                    else:
+                        self._submit(events, lazy=True)
                 if deliveries:
                     client.delivered += len(deliveries)
                     client.last_seen = time.monotonic()
@@ -317,10 +334,12 @@ class ChannelRuntime:
         delay_us: int = 0,
         lease_us: int | None = None,
         max_lease_us: int = 0,
+        lazy: bool = False,
     ) -> Awaitable[None]:
         """``settle`` applied to the queue now (all or none: ``SettleError``); the returned
         awaitable ends when the ledger has it. The TCP protocol answers FIN with nothing, so
-        its FINs are applied in command order without waiting for each commit."""
+        its FINs are applied in command order without waiting for each commit (``lazy``: and
+        commit with the ledger's next lingering commit)."""
         if self._broken:
             raise QueueError(ErrorCode.E_COMMIT_FAILED, "channel is reloading")
         events = self.queue.settle(
@@ -333,7 +352,7 @@ class ChannelRuntime:
         )
         if kind is EventKind.REQ and any(e.deliver_at_us is None for e in events):
             self._wake_soon()
-        return self._submit(events)
+        return self._submit(events, lazy=lazy)
 
     async def redrive(self, ids: list[str] | None) -> int:
         """Make the dead messages named (None: all) ready again with their attempts reset, in
@@ -606,14 +625,15 @@ class ChannelRuntime:
         log.info("%s/%s: %d messages dead-lettered", self.topic, self.channel, len(dying))
         await done
 
-    def _submit(self, events: list[LeaseEvent]) -> Awaitable[None]:
-        """Hand ``events`` to the ledger writer now; the awaitable ends with their commit."""
+    def _submit(self, events: list[LeaseEvent], *, lazy: bool = False) -> Awaitable[None]:
+        """Hand ``events`` to the ledger writer now; the awaitable ends with their commit
+        (``lazy``: nobody waits for it, so it may linger)."""
         if not events:
             return _DONE
         assert self._writer is not None
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         try:
-            self._writer.submit_events(events, future)
+            self._writer.submit_events(events, future, lazy=lazy)
         except WriterClosedError as exc:
             raise QueueError(ErrorCode.EXITING, str(exc)) from exc
         future.add_done_callback(self._check_commit)

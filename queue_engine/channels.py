@@ -164,6 +164,7 @@ class Channels:
             expired_dead=self.settings.expired_to_dead_letters,
             scan_leases=self.settings.scan_leases,
             mem_queue_size=self.settings.mem_queue_size,
+            ledger_linger_ms=self.settings.ledger_linger_ms,
             is_paused=lambda: self._paused(topic, channel),
             notify=self._acks.committed,
             on_waiting=self.pump.heat,

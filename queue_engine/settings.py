@@ -159,6 +159,10 @@ class Settings(BaseSettings):
     # Messages of a channel held in memory (with bodies) ready to deliver; the rest of a backlog
     # stays in the channel table and is read as the window drains (nsqd's mem-queue-size).
     mem_queue_size: int = 10_000
+    # A channel's ledger commits the lease events nobody waits on (a TCP consumer's deliveries
+    # and FIN/REQ/TOUCH) at most once per this many ms; HTTP /sub and /fin, answered after
+    # their commit, commit at once. A commit is two new files: fewer of them under load.
+    ledger_linger_ms: int = Field(default=10, ge=0, le=1_000)
     # The API times out expired leases itself, as nsqd's queueScanLoop does, within ~100 ms.
     # False leaves it to the sweep job (then a lease ends within one sweep interval).
     scan_leases: bool = True

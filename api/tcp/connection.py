@@ -377,7 +377,11 @@ class Connection:
                         await asyncio.wait_for(self._ready_changed.wait(), PUMP_WAIT_S)
                     self._forget_ended()
                     continue
-                deliveries = await runtime.sub(self._wanted, PUMP_WAIT_S, lease_us, self.name)
+                # Frames leave before their DELIVER commit (it follows within the ledger's
+                # linger): the leases end with this connection anyway (close() requeues them).
+                deliveries = await runtime.sub(
+                    self._wanted, PUMP_WAIT_S, lease_us, self.name, durable=False
+                )
                 if deliveries:
                     await self._push(runtime, deliveries)
         except (Closed, QueueError, TimeoutError) as exc:
@@ -655,6 +659,7 @@ class Connection:
                     delay_us=delay_us,
                     lease_us=self.options.msg_timeout_ms * 1000,
                     max_lease_us=self.settings.max_msg_timeout_ms * 1000,
+                    lazy=True,
                 )
             except SettleError as exc:
                 failed = set(exc.failed)

@@ -153,7 +153,8 @@ class LedgerWriter(GroupCommitter[list[LeaseEvent]]):
         )
         self._start()
 
-    def submit_events(self, events: list[LeaseEvent], token: object) -> None:
+    def submit_events(self, events: list[LeaseEvent], token: object, *, lazy: bool = False) -> None:
+        """``lazy`` is the loop writer's: here every commit takes what arrived during the last."""
         self.submit(events, len(events) * EVENT_BYTES, token)
 
     def _commit(self, batch: list[list[LeaseEvent]]) -> None:

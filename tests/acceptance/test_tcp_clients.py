@@ -222,9 +222,16 @@ def test_a_disconnect_requeues_its_messages_at_once(server: Server, warehouse: P
     second.send(b"NOP\n")
     second.close()
     ledger = Warehouse(str(warehouse)).channel_ledger_path(topic, channel)
-    events, _ = read_ledger(ledger)
     ids = {m.id.decode() for m in held}
-    kinds = sorted(e.kind for e in events if e.id in ids)
+    # A TCP connection's lease events reach the ledger within ledger_linger_ms (10 ms).
+    deadline = time.monotonic() + 5
+    while True:
+        events, _ = read_ledger(ledger)
+        kinds = sorted(e.kind for e in events if e.id in ids)
+        if kinds.count(EventKind.FIN) == 5 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert kinds.count(EventKind.FIN) == 5
     assert kinds.count(EventKind.DELIVER) == 10
     assert kinds.count(EventKind.REQ) == 5
     delivered_to = {e.consumer for e in events if e.kind is EventKind.DELIVER and e.id in ids}

@@ -60,6 +60,54 @@ def test_submissions_of_one_loop_iteration_share_one_commit(tmp_path: Path) -> N
     assert len(events) == 35 and len({e.id for e in events}) == 35
 
 
+def test_lazy_submissions_commit_at_most_once_per_linger_and_an_awaited_one_takes_them(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "ledger")
+    linger = 0.2
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        writer = open_ledger_writer(path, loop, lambda tokens, error: None, linger_s=linger)
+        assert isinstance(writer, LoopLedgerWriter)
+        # After a quiet spell the first lazy submission commits at once.
+        first = loop.create_future()
+        writer.submit_events(_events("1", 2), first, lazy=True)
+        await first
+        assert DeltaTable(path).version() == 1
+        committed_at = loop.time()
+        # Within the linger, lazy submissions of many iterations wait for one commit.
+        lazy = []
+        for n in range(5):
+            future = loop.create_future()
+            writer.submit_events(_events(f"2{n}", 2), future, lazy=True)
+            lazy.append(future)
+            await asyncio.sleep(0.01)
+        assert DeltaTable(path).version() == 1 and not any(f.done() for f in lazy)
+        await asyncio.gather(*lazy)
+        assert loop.time() - committed_at >= linger * 0.9
+        assert DeltaTable(path).version() == 2
+        # A submission someone waits on commits at once, with the lazy ones before it.
+        waiting = loop.create_future()
+        writer.submit_events(_events("3", 2), waiting, lazy=True)
+        urgent = loop.create_future()
+        writer.submit_events(_events("4", 2), urgent)
+        started = loop.time()
+        await urgent
+        assert waiting.done() and loop.time() - started < linger / 2
+        assert DeltaTable(path).version() == 3
+        # Closing commits a lingering batch.
+        last = loop.create_future()
+        writer.submit_events(_events("5", 2), last, lazy=True)
+        writer.close()
+        assert last.done() and last.exception() is None
+
+    asyncio.run(scenario())
+    events, version = read_ledger(path)
+    assert version == 4
+    assert len(events) == 2 + 10 + 4 + 2
+
+
 def test_failed_commit_fails_every_request_of_the_batch_and_writes_nothing(
     tmp_path: Path,
 ) -> None:
