@@ -78,9 +78,11 @@ def lease_attempt(lease: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def new_lease(attempt: int) -> str:
-    """An opaque lease token: the attempt it leases and a random nonce (stale ones differ)."""
-    return f"{attempt}-{_NONCES.getrandbits(48):012x}"
+def new_lease(attempt: int, nonce: int | None = None) -> str:
+    """An opaque lease token: the attempt it leases and a random nonce (stale ones differ).
+    One ``take`` gives all its deliveries of the same attempt one token: a message's
+    deliveries are in different takes, so its leases still differ from each other."""
+    return f"{attempt}-{_NONCES.getrandbits(48) if nonce is None else nonce:012x}"
 
 
 class ChannelQueue:
@@ -264,6 +266,11 @@ class ChannelQueue:
         in_flight, deferred, expiries = self.in_flight, self.deferred, self._expiries
         expires_at = at + lease_us
         max_attempts = self.max_attempts
+        may_expire = bool(self.ttl_us or self.has_own_expiries)
+        nonce = _NONCES.getrandbits(48)
+        leases: dict[int, str] = {}
+        deliver = EventKind.DELIVER
+        push = heapq.heappush
         while len(deliveries) < limit and ready:
             message_id = ready.popleft()
             state = states.get(message_id)
@@ -273,25 +280,41 @@ class ChannelQueue:
             if body is None:
                 skipped.append(message_id)  # its row is not loaded yet
                 continue
-            expires = self._expiry(body)
-            if expires is not None and expires <= at:
-                events.append(self._expire(message_id, state, body, at))
-                continue
-            if max_attempts and state.attempts >= max_attempts:
+            if may_expire:
+                expires = self._expiry(body)
+                if expires is not None and expires <= at:
+                    events.append(self._expire(message_id, state, body, at))
+                    continue
+            attempt = state.attempts
+            if max_attempts and attempt >= max_attempts:
                 events.append(self._kill(message_id, state, body, at))
                 continue
-            attempt = state.attempts + 1
-            lease = new_lease(attempt)
-            event = LeaseEvent(
-                message_id, EventKind.DELIVER, attempt, at, lease, expires_at, None, consumer
+            attempt += 1
+            lease = leases.get(attempt)
+            if lease is None:
+                lease = leases[attempt] = new_lease(attempt, nonce)
+            event = LeaseEvent(message_id, deliver, attempt, at, lease, expires_at, None, consumer)
+            if state.finished or (state.deliver_at_us is not None and state.deliver_at_us > at):
+                continue  # not ready after all: apply() would refuse the DELIVER
+            # apply()'s DELIVER, inlined (this runs once per message delivered; the property
+            # tests hold the queue to the fold of its events): fields in declaration order.
+            states[message_id] = MessageState(
+                attempt,  # attempts
+                True,  # in_flight
+                False,  # finished
+                lease,  # lease
+                consumer,  # lease_owner
+                at,  # delivered_at_us
+                expires_at,  # lease_expires_at_us
+                lease_us,  # lease_duration_us
+                None,  # deliver_at_us
+                False,  # timed_out
+                state.requeues,  # requeues
+                state.timeouts,  # timeouts
             )
-            after = apply(state, event)
-            if after is state:
-                continue
             # What _set does for a message going from ready to in flight.
-            states[message_id] = after
             in_flight.add(message_id)
-            heapq.heappush(expiries, (expires_at, message_id, attempt))
+            push(expiries, (expires_at, message_id, attempt))
             events.append(event)
             deliveries.append(Delivery(message_id, attempt, body[1], body[0], lease))
         self._ready.extendleft(reversed(skipped))
@@ -420,6 +443,8 @@ class ChannelQueue:
     ) -> list[LeaseEvent]:
         """FIN, REQ or TOUCH every answer, or none of them (SettleError names the failures)."""
         at = self.clock(now_us)
+        if kind is EventKind.FIN:
+            return self._finish(answers, at)
         pending: dict[str, MessageState] = {}
         events: list[LeaseEvent] = []
         failed: list[str] = []
@@ -446,17 +471,59 @@ class ChannelQueue:
             events.append(event)
         if failed:
             raise SettleError(failed)
-        by = self.requeued_by if kind is EventKind.REQ else self.finished_by
+        by = self.requeued_by
         for message_id, after in pending.items():
             owner = states[message_id].lease_owner
-            if owner is not None and kind is not EventKind.TOUCH:
+            if owner is not None and kind is EventKind.REQ:
                 by[owner] = by.get(owner, 0) + 1
             self._set(message_id, after, now_us)
         if kind is EventKind.REQ:
             self.requeue_count += len(events)
-        elif kind is EventKind.FIN:
-            self.finish_count += len(events)
         if len(self._expiries) > 2 * len(self.in_flight) + _EXPIRIES_SLACK:
+            self._compact_expiries()
+        return events
+
+    def _finish(self, answers: Iterable[Answer], at: int) -> list[LeaseEvent]:
+        """``settle``'s FIN, with apply()'s FIN rule inlined (this runs once per message
+        consumed; the property tests hold the queue to the fold of its events): valid for
+        the current lease while its attempt is in flight or timed out and not delivered
+        again. A finished message leaves the queue, so its new state is never built."""
+        states = self.states
+        fin = EventKind.FIN
+        events: list[LeaseEvent] = []
+        failed: list[str] = []
+        done: dict[str, MessageState] = {}
+        for message_id, lease in answers:
+            state = states.get(message_id)
+            if (
+                state is None
+                or lease != state.lease
+                or message_id in done
+                or state.finished
+                or state.dead
+                or not (state.in_flight or state.timed_out)
+            ):
+                failed.append(message_id)
+                continue
+            done[message_id] = state
+            events.append(LeaseEvent(message_id, fin, state.attempts, at, lease, None, None, None))
+        if failed:
+            raise SettleError(failed)
+        # What _set does for a finished message (one in flight or timed out is neither
+        # deferred nor dead; a timed-out one's FIFO entry is skipped once its state is gone).
+        by = self.finished_by
+        in_flight, bodies = self.in_flight, self._bodies
+        for message_id, state in done.items():
+            owner = state.lease_owner
+            if owner is not None:
+                by[owner] = by.get(owner, 0) + 1
+            del states[message_id]
+            in_flight.discard(message_id)
+            bodies.pop(message_id, None)
+        if self._remember_finished:
+            self._finished.update(done)
+        self.finish_count += len(events)
+        if len(self._expiries) > 2 * len(in_flight) + _EXPIRIES_SLACK:
             self._compact_expiries()
         return events
 

@@ -111,6 +111,7 @@ def operations(draw: st.DrawFn) -> list[tuple[str, int, int]]:
                 "expire",
                 "redrive",
                 "expire_ready",
+                "fin_batch",
             ]
         ),
         st.integers(0, 5),
@@ -193,6 +194,27 @@ def test_the_live_queue_is_the_fold_of_what_it_wrote(
                 [own[ids.index(e.id)] for e in revived],
             )
             assert not queue.dead
+        elif op == "fin_batch" and held:
+            # Every held lease in one FIN (all or none): with n == 0 one of them twice, which
+            # fails the whole batch and changes nothing.
+            answers = [Answer(m, lease) for m, lease in sorted(held.items())]
+            if n == 0:
+                answers.append(answers[0])
+            before = dict(queue.states)
+            try:
+                events = queue.settle(EventKind.FIN, answers, now)
+            except SettleError as exc:
+                assert queue.states == before
+                assert n == 0 or any(
+                    (state := queue.states.get(a.id)) is None
+                    or not (state.in_flight or state.timed_out)
+                    or state.lease != a.lease
+                    for a in answers
+                ), exc.failed
+            else:
+                assert n != 0 and [e.id for e in events] == [a.id for a in answers]
+                ledger += events
+                held.clear()
         elif held:
             message_id = sorted(held)[n % len(held)]
             lease = held[message_id]
