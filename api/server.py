@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import Any
 
-import pyarrow as pa
 import uvicorn
 
 from api.app import create_app, with_fast_path
+from api.memory import give_freed_memory_back, use_system_allocator_for_arrow
 from api.tls import https_listener, refuse_plain_http, server_tls_context, tls_required
 from queue_engine.ports import Listener, check_ports, listeners
 from queue_engine.settings import Settings, TlsRequired
@@ -46,6 +46,7 @@ def serve(
     ``on_started`` is called once the server listens. ``also_listening``: ports that
     ``before_serving`` starts something on, checked with the API's own before anything."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    give_freed_memory_back()
     use_system_allocator_for_arrow()
     # Ports first: a busy one is one line, before this process joins or starts anything.
     https = https_listener(settings)
@@ -67,16 +68,6 @@ def serve(
         _serve(settings, node, on_started, jobs_status, server_log_level)
     finally:
         node.leave()
-
-
-def use_system_allocator_for_arrow() -> None:
-    """Arrow's tables (rows read, ledger rows, Parquet) from the C library's malloc rather than
-    the wheel's bundled mimalloc, unless ARROW_DEFAULT_MEMORY_POOL chooses. mimalloc keeps what
-    each thread freed: consuming a 400,000-message backlog over TCP peaked at 315-406 MiB with
-    it and at 261-324 MiB with the system allocator, four runs of each in turn, at rates within
-    run-to-run spread (bench/tcp.py)."""
-    if not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
-        pa.set_memory_pool(pa.system_memory_pool())
 
 
 def advertised_host(settings: Settings) -> str:

@@ -8,6 +8,7 @@ import contextlib
 import sys
 from types import ModuleType
 
+from api.memory import leave_out_unused_modules
 from jobs.command import (
     add_settings_arguments,
     configure_logging,
@@ -149,7 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if next((a for a in argv if not a.startswith("-")), None) in ("api", "up"):
+        # A serving process: before the parser imports the jobs' modules (and pyarrow).
+        leave_out_unused_modules()
+    args = build_parser().parse_args(argv)
     jobs = _jobs()
     if args.command == "token":
         from deltaq import token

@@ -12,11 +12,10 @@ sync of every byte before it).
 
 from __future__ import annotations
 
+import itertools
 import struct
 import zlib
 from dataclasses import dataclass
-
-import numpy as np
 
 _FRAME = struct.Struct(">II")
 # position, published_at_us, deliver_at_us, expires_at_us (-1: none), topic length, bodies.
@@ -64,8 +63,8 @@ _ONE_LENGTH = struct.Struct(">I")
 
 def _lengths(bodies: list[bytes]) -> bytes:
     if len(bodies) == 1:
-        return _ONE_LENGTH.pack(len(bodies[0]))  # a PUB: numpy costs more than it saves here
-    return np.fromiter(map(len, bodies), dtype=">u4", count=len(bodies)).tobytes()
+        return _ONE_LENGTH.pack(len(bodies[0]))  # a PUB
+    return struct.pack(f">{len(bodies)}I", *map(len, bodies))
 
 
 @dataclass(frozen=True)
@@ -106,14 +105,13 @@ def _record(payload: memoryview) -> Record:
     at = _HEAD.size
     topic = bytes(payload[at : at + topic_len]).decode()
     at += topic_len
-    lengths = np.frombuffer(payload, dtype=">u4", count=count, offset=at).astype(np.int64)
+    lengths = struct.unpack_from(f">{count}I", payload, at)
     at += 4 * count
-    ends = at + np.cumsum(lengths)
-    if count and int(ends[-1]) != len(payload):
+    ends = list(itertools.accumulate(lengths, initial=at))
+    if count and ends[-1] != len(payload):
         raise ValueError("body lengths do not add up to the frame")
-    starts = ends - lengths
     raw = bytes(payload)
-    bodies = [raw[s:e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)]
+    bodies = [raw[s:e] for s, e in itertools.pairwise(ends)]
     return Record(
         position,
         topic,

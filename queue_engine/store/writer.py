@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -222,7 +221,7 @@ class TopicWriter(GroupCommitter[_Publish]):
                 [
                     hex_id_array(first, count, LANES),
                     bodies.cast(pa.binary()),
-                    pa.array(np.full(count, now // 1000, dtype=np.int64)).cast(_TS),
+                    pa.repeat(pa.scalar(now // 1000, _TS), count),
                     pa.nulls(count, _TS),
                     pa.nulls(count, _TS),
                     pa.array([to_channel] * count, pa.string()),
@@ -266,18 +265,17 @@ def _to_arrow(batch: list[_Publish], first_id: int, count: int) -> pa.Table:
     bodies = pa.array(
         list(itertools.chain.from_iterable(p.bodies for p in batch)), type=pa.binary()
     )
-    per_publish = np.fromiter((len(p.bodies) for p in batch), dtype=np.int64, count=len(batch))
-    published = np.repeat(
-        np.fromiter((p.published_at_us for p in batch), dtype=np.int64, count=len(batch)),
-        per_publish,
-    )
-    deliver = _per_publish([p.deliver_at_us for p in batch], per_publish, count)
-    expires = _per_publish([p.expires_at_us for p in batch], per_publish, count)
+    # Publishes of no message (none are taken, but a run must not be empty) are left out.
+    batch = [p for p in batch if p.bodies]
+    run_ends = pa.array(list(itertools.accumulate(len(p.bodies) for p in batch)), pa.int32())
+    published = _per_publish([p.published_at_us for p in batch], run_ends, count)
+    deliver = _per_publish([p.deliver_at_us for p in batch], run_ends, count)
+    expires = _per_publish([p.expires_at_us for p in batch], run_ends, count)
     return pa.Table.from_arrays(
         [
             hex_id_array(first_id, count, LANES),
             bodies,
-            pa.array(published, type=_TS),
+            published,
             deliver,
             expires,
             pa.nulls(count, pa.string()),
@@ -287,13 +285,15 @@ def _to_arrow(batch: list[_Publish], first_id: int, count: int) -> pa.Table:
     )
 
 
-def _per_publish(values: list[int | None], per_publish: np.ndarray, count: int) -> pa.Array:
-    """A timestamp column: each publish's value (or null) repeated for each of its messages."""
+def _per_publish(values: list[int | None], run_ends: pa.Array, count: int) -> pa.Array:
+    """A timestamp column: each publish's value (or null) repeated for each of its messages
+    (``run_ends``: where each publish's messages end)."""
     if all(v is None for v in values):
         return pa.nulls(count, type=_TS)
-    repeated = np.repeat(np.array([v or 0 for v in values], dtype=np.int64), per_publish)
-    missing = np.repeat(np.array([v is None for v in values], dtype=bool), per_publish)
-    return pa.array(repeated, type=_TS, mask=missing)
+    if len(values) == 1:
+        return pa.repeat(pa.scalar(values[0], _TS), count)
+    runs = pa.RunEndEncodedArray.from_arrays(run_ends, pa.array(values, _TS))
+    return pc.run_end_decode(runs)
 
 
 def _scan(dt: DeltaTable) -> tuple[int, int]:
