@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from queue_engine.channel_queue import Answer, ChannelQueue, Delivery
+from queue_engine.channel_queue import ChannelQueue, Delivery
 from queue_engine.channel_restore import add_rows, expires_at, restore_channel
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.lease import EventKind, LeaseEvent
@@ -315,7 +315,7 @@ class ChannelRuntime:
     async def settle(
         self,
         kind: EventKind,
-        answers: Iterable[Answer],
+        answers: Iterable[tuple[str, str]],
         *,
         delay_us: int = 0,
         lease_us: int | None = None,
@@ -329,7 +329,7 @@ class ChannelRuntime:
     def settle_nowait(
         self,
         kind: EventKind,
-        answers: Iterable[Answer],
+        answers: Iterable[tuple[str, str]],
         *,
         delay_us: int = 0,
         lease_us: int | None = None,

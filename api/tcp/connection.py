@@ -204,6 +204,7 @@ class Connection:
             while line is not None:
                 if len(line) == _FIN_LINE and line.startswith(b"FIN ") and self._can_answer():
                     fins.append(line[4:])
+                    fins += transport.buffered_fins()
                 else:
                     if fins:
                         await self._finish(fins)
@@ -404,14 +405,7 @@ class Connection:
                 dropped_ids = {d.id for d in dropped}
                 deliveries = [d for d in deliveries if d.id not in dropped_ids]
                 await runtime.settle_nowait(EventKind.FIN, [Answer(d.id, d.lease) for d in dropped])
-        write = self.transport.write
-        message = frames.message
-        for delivery in deliveries:
-            write(
-                message(
-                    delivery.published_at_us * 1000, delivery.attempts, delivery.id, delivery.body
-                )
-            )
+        self.transport.write(frames.messages(deliveries))
         await self.transport.flush()
 
     # -- commands -----------------------------------------------------------------------------
@@ -623,7 +617,7 @@ class Connection:
     async def _finish(self, raw_ids: list[bytes]) -> None:
         """FIN of each id (16 bytes each, the client subscribed): one ledger submission for
         all; those this client does not hold get nsqd's E_FIN_FAILED, in order."""
-        answers = []
+        answers: list[tuple[str, str]] = []
         in_flight = self.in_flight
         for raw in raw_ids:
             message_id = raw.decode("latin-1")
@@ -634,12 +628,13 @@ class Connection:
                     frames.error(f"E_FIN_FAILED FIN {message_id} failed {why}".encode())
                 )
             else:
-                answers.append(Answer(message_id, lease))
+                # A plain tuple (an Answer's fields): one is built per message consumed.
+                answers.append((message_id, lease))
         await self._settle_all("FIN", EventKind.FIN, answers)
         self._ready_changed.set()
 
     async def _settle_all(
-        self, command: str, kind: EventKind, answers: list[Answer], *, delay_us: int = 0
+        self, command: str, kind: EventKind, answers: list[tuple[str, str]], *, delay_us: int = 0
     ) -> list[str]:
         """Settle ``answers`` in one ledger submission; returns the ids refused (not in flight
         under that lease any more: their error frames are written)."""
@@ -664,16 +659,17 @@ class Connection:
             except SettleError as exc:
                 failed = set(exc.failed)
                 refused.extend(exc.failed)
-                answers = [a for a in answers if a.id not in failed]
+                answers = [a for a in answers if a[0] not in failed]
                 continue
             except QueueError as exc:
-                refused.extend(a.id for a in answers)
-                for answer in answers:
-                    self._failed(command, answer.id, str(exc))
+                refused.extend(a[0] for a in answers)
+                for message_id, _ in answers:
+                    self._failed(command, message_id, str(exc))
                 return refused
             if isinstance(committed, asyncio.Future):
-                ids = [a.id for a in answers]
-                committed.add_done_callback(partial(self._after_commit, command=command, ids=ids))
+                committed.add_done_callback(
+                    partial(self._after_commit, command=command, answers=answers)
+                )
             break
         for message_id in refused:
             self._failed(command, message_id, "ID not in flight")
@@ -685,12 +681,14 @@ class Connection:
             frames.error(f"E_{command}_FAILED {command} {message_id} failed {why}".encode())
         )
 
-    def _after_commit(self, future: asyncio.Future[None], *, command: str, ids: list[str]) -> None:
+    def _after_commit(
+        self, future: asyncio.Future[None], *, command: str, answers: list[tuple[str, str]]
+    ) -> None:
         """FIN/REQ/TOUCHes whose ledger commit failed: the client hears nsqd's error."""
         error = None if future.cancelled() else future.exception()
         if error is None or self._closed:
             return
-        for message_id in ids:
+        for message_id, _ in answers:
             self._failed(command, message_id, str(error))
         asyncio.get_running_loop().create_task(self._flush_quietly())
 

@@ -8,6 +8,9 @@ deltaq's message ids are 16 hex characters, so they travel as nsqd's ids do.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
+
+from queue_engine.channel_queue import Delivery
 
 MAGIC_V2 = b"  V2"
 
@@ -58,17 +61,22 @@ def error(data: bytes) -> bytes:
     return frame(FRAME_ERROR, data)
 
 
-def message(timestamp_ns: int, attempts: int, message_id: str, body: bytes) -> bytes:
-    """One message frame; attempts past uint16 are shown as its maximum."""
-    return (
-        _MESSAGE_HEADER.pack(
-            len(body) + 30,
-            FRAME_MESSAGE,
-            timestamp_ns,
-            min(attempts, _MAX_ATTEMPTS),
-        )
-        + message_id.encode("ascii")
-        + body
+def messages(deliveries: Iterable[Delivery]) -> bytes:
+    """The message frames of ``deliveries``, back to back (one write for a batch); attempts
+    past uint16 are shown as its maximum."""
+    pack = _MESSAGE_HEADER.pack
+    return b"".join(
+        [
+            pack(
+                len(d.body) + 30,
+                FRAME_MESSAGE,
+                d.published_at_us * 1000,
+                min(d.attempts, _MAX_ATTEMPTS),
+            )
+            + d.id.encode("ascii")
+            + d.body
+            for d in deliveries
+        ]
     )
 
 
