@@ -1,8 +1,8 @@
 """How the serving process keeps its memory small: modules it never uses are left out, and
-the allocators give freed memory back to the system.
+its allocators give freed memory back.
 
-Consuming a 200,000-message backlog over TCP right after publishing it (bench/tcp.py) peaked
-at ~295 MiB before these and at ~193 MiB with them, at the same rate.
+Consuming a 200,000-message backlog over TCP right after publishing it (bench/tcp.py): the
+API's peak RSS was ~295 MiB before these and ~175 MiB with them, at the same rates.
 """
 
 from __future__ import annotations
@@ -24,20 +24,18 @@ log = logging.getLogger(__name__)
 # the Spark jobs, which do, run in processes of their own.
 LEFT_OUT = ("pandas", "numpy")
 
-# glibc's malloc: blocks from 64 KiB up are mapped on their own and unmapped when freed, the
-# top of the heap is trimmed past 64 KiB free, and threads share two arenas. By default the
-# mmap threshold rises to the largest block freed (up to 32 MiB), so once a publish burst has
-# freed its request bodies and Parquet buffers the next ones come from the heap and stay
-# there: ~100 MiB kept after publishing 200,000 messages, ~30 MiB with these. Each is left to
-# its MALLOC_*_ environment variable where one is set.
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
+# Arrow's allocator in the serving process. Measured consuming that backlog, four runs each:
+# the wheel's default, mimalloc, reserves a 1 GiB arena and keeps what each thread freed
+# (peak 315-406 MiB); the C library's malloc fragments under Parquet's buffers (~200 MiB,
+# 56 MiB of it free but resident; fixed mmap thresholds fix that but cost /mpub 25%, a
+# mapping and its page faults per large block); jemalloc, which Arrow configures to hand
+# freed pages back after a second, peaked at ~175 MiB with /mpub as fast as mimalloc.
+ARROW_POOL = "jemalloc"
+
+# glibc's malloc: threads share two arenas (by default up to eight per core, each keeping
+# what its threads freed). Left to MALLOC_ARENA_MAX where that is set.
 _M_ARENA_MAX = -8
-MALLOC_OPTIONS = {
-    "MALLOC_TRIM_THRESHOLD_": (_M_TRIM_THRESHOLD, 64 * 1024),
-    "MALLOC_MMAP_THRESHOLD_": (_M_MMAP_THRESHOLD, 64 * 1024),
-    "MALLOC_ARENA_MAX": (_M_ARENA_MAX, 2),
-}
+MALLOC_OPTIONS = {"MALLOC_ARENA_MAX": (_M_ARENA_MAX, 2)}
 
 
 class _LeftOut:
@@ -51,12 +49,18 @@ class _LeftOut:
         return None
 
 
-def leave_out_unused_modules() -> None:
-    """Make the modules of ``LEFT_OUT`` import as if absent in this process (call it before
-    anything imports pyarrow.dataset; pyarrow and deltalake then go without them, as they do
-    where they are not installed). Does nothing to a module already imported."""
+def prepare_serving_process() -> None:
+    """For a process that serves the API, before anything loads pyarrow:
+
+    - the modules of ``LEFT_OUT`` import as if absent (pyarrow and deltalake then go without
+      them, as they do where they are not installed); a module already imported stays;
+    - Arrow allocates from ``ARROW_POOL`` (ARROW_DEFAULT_MEMORY_POOL, unless set): only the
+      environment chooses the pool Arrow's C++ code takes (Parquet's reader and writer);
+      ``pa.set_memory_pool`` changes Python's side only. Linux wheels have jemalloc."""
     if not any(isinstance(finder, _LeftOut) for finder in sys.meta_path):
         sys.meta_path.insert(0, _LeftOut())
+    if sys.platform.startswith("linux"):
+        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", ARROW_POOL)
 
 
 def give_freed_memory_back() -> dict[str, int]:
@@ -79,13 +83,16 @@ def give_freed_memory_back() -> dict[str, int]:
     return applied
 
 
-def use_system_allocator_for_arrow() -> None:
-    """Arrow's tables (rows read, ledger rows, Parquet) from the C library's malloc rather than
-    the wheel's bundled mimalloc, unless ARROW_DEFAULT_MEMORY_POOL chooses. mimalloc keeps what
-    each thread freed: consuming a 400,000-message backlog over TCP peaked at 315-406 MiB with
-    it and at 261-324 MiB with the system allocator, four runs of each in turn, at rates within
-    run-to-run spread (bench/tcp.py)."""
-    import pyarrow as pa  # not at the top: leave_out_unused_modules() runs before pyarrow loads
+def choose_arrow_pool() -> str:
+    """Arrow's Python-side allocations from ``ARROW_POOL`` (the C library's malloc where this
+    pyarrow has no jemalloc) unless ARROW_DEFAULT_MEMORY_POOL chooses; returns the pool's
+    name. For a process that loaded pyarrow before ``prepare_serving_process`` could set the
+    environment (a server started in-process)."""
+    import pyarrow as pa  # not at the top: prepare_serving_process() runs before pyarrow loads
 
     if not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
-        pa.set_memory_pool(pa.system_memory_pool())
+        try:
+            pa.set_memory_pool(pa.jemalloc_memory_pool())
+        except NotImplementedError:
+            pa.set_memory_pool(pa.system_memory_pool())
+    return str(pa.default_memory_pool().backend_name)

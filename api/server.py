@@ -18,7 +18,7 @@ from typing import Any
 import uvicorn
 
 from api.app import create_app, with_fast_path
-from api.memory import give_freed_memory_back, use_system_allocator_for_arrow
+from api.memory import choose_arrow_pool, give_freed_memory_back
 from api.tls import https_listener, refuse_plain_http, server_tls_context, tls_required
 from queue_engine.ports import Listener, check_ports, listeners
 from queue_engine.settings import Settings, TlsRequired
@@ -47,7 +47,7 @@ def serve(
     ``before_serving`` starts something on, checked with the API's own before anything."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     give_freed_memory_back()
-    use_system_allocator_for_arrow()
+    choose_arrow_pool()
     # Ports first: a busy one is one line, before this process joins or starts anything.
     https = https_listener(settings)
     secure = [Listener("HTTPS", https[0], https[1], "https_address")] if https else []

@@ -8,7 +8,7 @@ import contextlib
 import sys
 from types import ModuleType
 
-from api.memory import leave_out_unused_modules
+from api.memory import prepare_serving_process
 from jobs.command import (
     add_settings_arguments,
     configure_logging,
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if next((a for a in argv if not a.startswith("-")), None) in ("api", "up"):
         # A serving process: before the parser imports the jobs' modules (and pyarrow).
-        leave_out_unused_modules()
+        prepare_serving_process()
     args = build_parser().parse_args(argv)
     jobs = _jobs()
     if args.command == "token":

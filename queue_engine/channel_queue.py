@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from queue_engine.lease import EventKind, LeaseEvent, MessageState, apply, initial
+from queue_engine.lease import FRESH, EventKind, LeaseEvent, MessageState, apply, initial
 
 
 class Delivery(NamedTuple):
@@ -171,6 +171,12 @@ class ChannelQueue:
     def unstarted_count(self) -> int:
         return len(self._unstarted)
 
+    @property
+    def covered_through(self) -> int:
+        """Rows up to this topic_version are the restored state's (``add`` needs their
+        versions; -1: none)."""
+        return self._covered_through
+
     def add(
         self,
         ids: Sequence[str],
@@ -187,25 +193,33 @@ class ChannelQueue:
         """
         fresh = 0
         covered = self._covered_through
+        states, bodies_of, finished, dead = self.states, self._bodies, self._finished, self.dead
+        wanted, ready = self.body_wanted, self._ready
         for i, (message_id, body, published, deliver_at) in enumerate(
             zip(ids, bodies, published_at_us, deliver_at_us, strict=True)
         ):
             if topic_versions is not None and topic_versions[i] <= covered:
                 if message_id in self._unstarted:
                     self._unstarted.discard(message_id)
-                elif message_id not in self.states:
+                elif message_id not in states:
                     continue  # FIN'd before the state was written
-            if message_id in self._finished or message_id in self.dead:
+            if message_id in finished or message_id in dead:
                 continue
-            known = message_id in self.states
+            known = message_id in states
             expires = None if expires_at_us is None else expires_at_us[i]
             if expires is not None:
                 self.has_own_expiries = True
-            self._bodies[message_id] = (body, published, expires)
-            self.body_wanted.discard(message_id)
+            bodies_of[message_id] = (body, published, expires)
+            if wanted:
+                wanted.discard(message_id)
             if not known:
                 fresh += 1
-                self._place(message_id, initial(deliver_at), now_us)
+                if deliver_at is None:
+                    # What _place does with a fresh message (this runs once per row read).
+                    states[message_id] = FRESH
+                    ready.append(message_id)
+                else:
+                    self._place(message_id, initial(deliver_at), now_us)
         return fresh
 
     def attach_bodies(
