@@ -145,20 +145,23 @@ def consume(
         mp.Process(target=_consume, args=(target.tcp_port, topic, done, stop_at, None))
         for _ in range(consumers)
     ]
+    server = psutil.Process(target.pid)
+    before = peak = server.memory_info().rss
     started = time.perf_counter()
     for p in procs:
         p.start()
     while done.value < backlog and time.perf_counter() - started < 600:
         time.sleep(0.005)
+        peak = max(peak, server.memory_info().rss)
     elapsed = time.perf_counter() - started
     stop_at.value = 1
     for p in procs:
         p.join(30)
-    rss = psutil.Process(target.pid).memory_info().rss / 2**20
     rate = done.value / elapsed
     print(
         f"  {target.name}: consume {done.value:,} of {backlog:,}, {consumers} consumers RDY "
-        f"{RDY}, FIN each: {rate:,.0f} msg/s ({elapsed:.1f} s; server RSS {rss:,.0f} MiB)",
+        f"{RDY}, FIN each: {rate:,.0f} msg/s ({elapsed:.1f} s; server RSS {before / 2**20:,.0f} "
+        f"MiB before, peak {peak / 2**20:,.0f} MiB while consuming)",
         flush=True,
     )
     return rate
