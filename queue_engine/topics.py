@@ -445,12 +445,19 @@ class Topics:
             )
         return writer.stats()
 
-    def stats(self, info: TopicInfo, channels: list[ChannelStats], fanned: int) -> TopicStats:
+    def stats(
+        self,
+        info: TopicInfo,
+        channels: list[ChannelStats],
+        fanned: int,
+        *,
+        latencies: bool = True,
+    ) -> TopicStats:
         """nsqd's figures of one topic. ``fanned``: the newest topic version the fanout put in
-        any of its channels (-1: none)."""
+        any of its channels (-1: none); without ``latencies`` the commit percentiles are 0."""
         stats = self.writer_stats(info.name)
         writer = self._writers.get(info.name)
-        durations = sorted(writer.commit_seconds) if writer is not None else []
+        durations = sorted(writer.commit_seconds) if writer is not None and latencies else []
         refusal = writer.refusal() if writer is not None else None
         return TopicStats(
             name=info.name,
