@@ -63,7 +63,7 @@ def prepare_serving_process() -> None:
         os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", ARROW_POOL)
 
 
-def give_freed_memory_back() -> dict[str, int]:
+def tune_malloc() -> dict[str, int]:
     """Set glibc's malloc as ``MALLOC_OPTIONS`` says (where the environment does not); returns
     what was set. Nothing elsewhere than glibc."""
     path = ctypes.util.find_library("c")

@@ -18,7 +18,7 @@ from typing import Any
 import uvicorn
 
 from api.app import create_app, with_fast_path
-from api.memory import choose_arrow_pool, give_freed_memory_back
+from api.memory import choose_arrow_pool, tune_malloc
 from api.tls import https_listener, refuse_plain_http, server_tls_context, tls_required
 from queue_engine.ports import Listener, check_ports, listeners
 from queue_engine.settings import Settings, TlsRequired
@@ -46,7 +46,7 @@ def serve(
     ``on_started`` is called once the server listens. ``also_listening``: ports that
     ``before_serving`` starts something on, checked with the API's own before anything."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    give_freed_memory_back()
+    tune_malloc()
     choose_arrow_pool()
     # Ports first: a busy one is one line, before this process joins or starts anything.
     https = https_listener(settings)

@@ -204,7 +204,7 @@ class Connection:
             while line is not None:
                 if len(line) == _FIN_LINE and line.startswith(b"FIN ") and self._can_answer():
                     fins.append(line[4:])
-                    fins += transport.buffered_fins()
+                    fins += transport.buffered_alike(b"FIN ", _FIN_LINE)
                 else:
                     if fins:
                         await self._finish(fins)

@@ -21,8 +21,6 @@ READ_CHUNK_BYTES = 64 * 1024
 # nsqd reads commands through a 16 KiB bufio.Reader; a longer line ends the connection.
 MAX_LINE_BYTES = 16 * 1024
 _SIZE = struct.Struct(">i")
-# "FIN " and a 16-byte message id.
-_FIN_LINE_BYTES = 4 + 16
 
 
 class Closed(Exception):
@@ -144,21 +142,22 @@ class Transport:
         del self._buffer[: end + 1]
         return line[:-1] if line.endswith(b"\r") else line
 
-    def buffered_fins(self) -> list[bytes]:
-        """The ids of the plain ``FIN <16-byte id>\n`` lines at the head of the buffer,
-        consumed (the first other line stops them): a consumer at RDY 200 sends its FINs in
-        bursts, and one split of the burst costs less than a line at a time."""
+    def buffered_alike(self, prefix: bytes, length: int) -> list[bytes]:
+        """What follows ``prefix`` in each of the buffered lines at the head of the buffer that
+        are ``length`` bytes long and start with it, consumed (the first other line stops
+        them; it and the rest stay). A consumer at RDY 200 sends its FINs in bursts: one
+        split of the burst costs less than a line at a time."""
         buffer = self._buffer
         last = buffer.rfind(b"\n")
-        if last < 0 or not buffer.startswith(b"FIN "):
+        if last < 0 or not buffer.startswith(prefix):
             return []
-        ids = []
+        found = []
         for line in bytes(buffer[:last]).split(b"\n"):
-            if len(line) != _FIN_LINE_BYTES or not line.startswith(b"FIN "):
+            if len(line) != length or not line.startswith(prefix):
                 break
-            ids.append(line[4:])
-        del buffer[: len(ids) * (_FIN_LINE_BYTES + 1)]
-        return ids
+            found.append(line[len(prefix) :])
+        del buffer[: len(found) * (length + 1)]
+        return found
 
     def buffered_sized(self, count: int, max_size: int) -> list[bytes] | None:
         """``count`` length-prefixed items (4-byte big-endian sizes, each 1..``max_size``) if

@@ -82,6 +82,11 @@ def test_metrics_follow_the_queue(
     # fragments), unless the environment chose.
     pool = os.environ.get("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
     assert samples[("deltaq_arrow_allocated_bytes", (("allocator", pool),))] >= 0
+    # The serving process never loaded pandas or numpy (api/memory.py), having published,
+    # fanned out, consumed and read its tables by now.
+    assert server.process is not None
+    mapped = Path(f"/proc/{server.process.pid}/maps").read_text()
+    assert "/numpy/" not in mapped and "/pandas/" not in mapped
     assert samples[("deltaq_build_info", (("nsqd_version", "1.3.0"), ("version", "0.1.0")))] == 1
 
     assert http.post("/channel/pause", params={"topic": "m", "channel": "c"}).is_success

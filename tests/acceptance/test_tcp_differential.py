@@ -90,6 +90,16 @@ SCRIPTS: dict[str, list[bytes]] = {
     "req not in flight": [b"  V2", b"SUB {topic} c\n", b"REQ 0123456789abcdef 10\n"],
     "touch not in flight": [b"  V2", b"SUB {topic} c\n", b"TOUCH 0123456789abcdef\n"],
     "cls twice": [b"  V2", b"SUB {topic} c\n", b"CLS\n", b"RDY 5\n", b"CLS\n"],
+    # FINs that arrive together are taken as one batch: a CRLF line, a NOP, a FIN of a
+    # message already finished and one of an unknown id among them answer as nsqd's do.
+    "fin burst": [
+        b"  V2",
+        b"SUB {topic} c\n",
+        b"MPUB {topic}\n" + mpub_body([b"x", b"x", b"x"]),
+        b"RDY 3\n",
+        b"FIN {id0}\nFIN {id1}\r\nNOP\nFIN {id2}\nFIN {id0}\nFIN 0123456789abcdef\n",
+        b"CLS\n",
+    ],
     "deliver, req, fin": [
         b"  V2",
         b"SUB {topic} c\n",
