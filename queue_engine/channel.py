@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 CLIENT_IDLE_S = 60.0
 # On an object store, how often a channel looks at its table without a notice of a write.
 REMOTE_LOOK_S = 1.0
+# A TCP connection's deliveries do not wait for their DELIVER commit unless the ledger is this
+# far behind (~87,000 events: a store slower than the consumers); then they wait, as HTTP's do.
+LEDGER_BEHIND_MAX_BYTES = 8 * 1024 * 1024
 
 
 class _Done:
@@ -289,7 +292,8 @@ class ChannelRuntime:
                 if self.queue.dying:
                     await self._bury(events)
                 elif events:
-                    if durable:
+                    assert self._writer is not None
+                    if durable or self._writer.pending_bytes >= LEDGER_BEHIND_MAX_BYTES:
                         await self._write(events)
                     else:
                         self._submit(events, lazy=True)

@@ -33,7 +33,7 @@ from queue_engine.store.append import (
     fast_path_allowed,
 )
 from queue_engine.store.group_commit import Notify, WriterClosedError
-from queue_engine.store.ledger import LedgerWriter, OwnVersions, events_to_arrow
+from queue_engine.store.ledger import EVENT_BYTES, LedgerWriter, OwnVersions, events_to_arrow
 from queue_engine.store.tables import LEDGER_SCHEMA, open_or_create
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ class LoopLedgerWriter:
         self.version = version
         self._pending: list[tuple[list[LeaseEvent], asyncio.Future[None]]] = []
         self._scheduled = False
+        self._pending_events = 0
         self._linger_s = linger_s
         # A commit of lazy submissions waiting for the linger to pass.
         self._timer: asyncio.TimerHandle | None = None
@@ -79,6 +80,7 @@ class LoopLedgerWriter:
         if self._closed:
             raise WriterClosedError(self.path)
         self._pending.append((events, future))
+        self._pending_events += len(events)
         if self._scheduled:
             return
         if lazy:
@@ -94,6 +96,11 @@ class LoopLedgerWriter:
             self._timer = None
         self._scheduled = True
         self._loop.call_soon(self._flush)
+
+    @property
+    def pending_bytes(self) -> int:
+        """About how much waits for the next commit (as the threaded writer counts it)."""
+        return self._pending_events * EVENT_BYTES
 
     def request_reopen(self) -> None:
         self._reopen_requested = True
@@ -115,6 +122,7 @@ class LoopLedgerWriter:
             self._timer.cancel()
             self._timer = None
         batch, self._pending = self._pending, []
+        self._pending_events = 0
         if not batch:
             return
         self._last_commit = self._loop.time()

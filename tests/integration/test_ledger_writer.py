@@ -13,7 +13,7 @@ from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.lease import EventKind, LeaseEvent
 from queue_engine.store import put_if_absent
 from queue_engine.store.group_commit import WriterClosedError
-from queue_engine.store.ledger import LedgerWriter, read_ledger
+from queue_engine.store.ledger import EVENT_BYTES, LedgerWriter, read_ledger
 from queue_engine.store.loop_ledger import LoopLedgerWriter, open_ledger_writer
 from queue_engine.store.put_if_absent import move_if_absent
 
@@ -84,7 +84,9 @@ def test_lazy_submissions_commit_at_most_once_per_linger_and_an_awaited_one_take
             lazy.append(future)
             await asyncio.sleep(0.01)
         assert DeltaTable(path).version() == 1 and not any(f.done() for f in lazy)
+        assert writer.pending_bytes == 10 * EVENT_BYTES
         await asyncio.gather(*lazy)
+        assert writer.pending_bytes == 0
         assert loop.time() - committed_at >= linger * 0.9
         assert DeltaTable(path).version() == 2
         # A submission someone waits on commits at once, with the lazy ones before it.
