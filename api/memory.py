@@ -83,11 +83,11 @@ def tune_malloc() -> dict[str, int]:
     return applied
 
 
-def choose_arrow_pool() -> str:
+def choose_arrow_pool() -> None:
     """Arrow's Python-side allocations from ``ARROW_POOL`` (the C library's malloc where this
-    pyarrow has no jemalloc) unless ARROW_DEFAULT_MEMORY_POOL chooses; returns the pool's
-    name. For a process that loaded pyarrow before ``prepare_serving_process`` could set the
-    environment (a server started in-process)."""
+    pyarrow has no jemalloc) unless ARROW_DEFAULT_MEMORY_POOL chooses. For a process that
+    loaded pyarrow before ``prepare_serving_process`` could set the environment (a server
+    started in-process)."""
     import pyarrow as pa  # not at the top: prepare_serving_process() runs before pyarrow loads
 
     if not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
@@ -95,4 +95,3 @@ def choose_arrow_pool() -> str:
             pa.set_memory_pool(pa.jemalloc_memory_pool())
         except NotImplementedError:
             pa.set_memory_pool(pa.system_memory_pool())
-    return str(pa.default_memory_pool().backend_name)

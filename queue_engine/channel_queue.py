@@ -78,11 +78,11 @@ def lease_attempt(lease: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def new_lease(attempt: int, nonce: int | None = None) -> str:
-    """An opaque lease token: the attempt it leases and a random nonce (stale ones differ).
-    One ``take`` gives all its deliveries of the same attempt one token: a message's
+def new_lease(attempt: int, nonce: int) -> str:
+    """An opaque lease token: the attempt it leases and a random 48-bit nonce (stale ones
+    differ). One ``take`` gives all its deliveries of the same attempt one token: a message's
     deliveries are in different takes, so its leases still differ from each other."""
-    return f"{attempt}-{_NONCES.getrandbits(48) if nonce is None else nonce:012x}"
+    return f"{attempt}-{nonce:012x}"
 
 
 class ChannelQueue:

@@ -81,15 +81,12 @@ class LoopLedgerWriter:
             raise WriterClosedError(self.path)
         self._pending.append((events, future))
         self._pending_events += len(events)
-        if self._scheduled:
-            return
+        if self._scheduled or (lazy and self._timer is not None):
+            return  # a commit that takes these is coming
         if lazy:
-            if self._timer is None:
-                due = self._last_commit + self._linger_s - self._loop.time()
-                if due > 0:
-                    self._timer = self._loop.call_later(due, self._flush)
-                    return
-            else:
+            due = self._last_commit + self._linger_s - self._loop.time()
+            if due > 0:
+                self._timer = self._loop.call_later(due, self._flush)
                 return
         elif self._timer is not None:
             self._timer.cancel()
