@@ -7,7 +7,10 @@ so that reading many bodies is one slice each). Integers are big-endian, as NSQ'
 A crash can leave the last frame of a journal file torn (short) or, with a disk that reorders
 writes, garbled: ``decode`` stops at the first frame that is short or fails its checksum and
 says where. Nothing after it was acknowledged (an acknowledgement follows the write and the
-sync of every byte before it).
+sync of every byte before it). A file may go on with zeros after its last frame (it was
+filled with them before it was written to): zeros where a frame would begin are where the
+written part ends, not a torn frame (a frame's payload is never empty, so its header is never
+all zeros).
 """
 
 from __future__ import annotations
@@ -83,6 +86,8 @@ def decode(data: bytes) -> Decoded:
     at = 0
     end = len(data)
     while at < end:
+        if not any(view[at : at + _FRAME.size]):
+            break  # the zeros the file was filled with: nothing was written from here
         if end - at < _FRAME.size:
             return Decoded(records, at, f"a torn frame header at byte {at}")
         length, crc = _FRAME.unpack_from(view, at)

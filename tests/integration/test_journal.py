@@ -3,7 +3,6 @@ that a crash makes run twice, truncation, and a server that recovers what a dead
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ from deltalake import DeltaTable
 from queue_engine.store import fs_sync
 from queue_engine.store import journal as journal_module
 from queue_engine.store.journal import Journal, app_id, journal_tokens, read_journal
-from queue_engine.store.journal_format import Record
+from queue_engine.store.journal_format import Record, encode
 from queue_engine.store.tables import Warehouse
 from queue_engine.store.writer import TopicWriter
 from tests.conftest import Server, read_topic, topic_rows
@@ -57,23 +56,34 @@ def _journal_with(wh: Path, token: str, topic: str, bodies: list[list[bytes]]) -
     return durable.records
 
 
+def _segments(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.log"))
+
+
 def test_positions_increase_and_every_write_is_whole_on_disk(tmp_path: Path) -> None:
     records = _journal_with(tmp_path, "tok", "t", [[b"a"], [b"b", b"c"], [b"d"]])
     positions = [r.position for r in records]
     assert positions == sorted(set(positions))
     assert journal_tokens(str(tmp_path)) == ["tok"]
+    # Written into a file filled with zeros beforehand.
+    [segment] = _segments(tmp_path / "_deltaq" / "journal" / "tok")
+    assert segment.stat().st_size == journal_module.SEGMENT_BYTES
     recovered = read_journal(str(tmp_path), "tok")
     assert recovered.records == records and recovered.torn == []
 
 
 def test_a_torn_tail_is_reported_and_everything_before_it_recovered(tmp_path: Path) -> None:
     records = _journal_with(tmp_path, "tok", "t", [[b"a"], [b"b"]])
-    [segment] = (tmp_path / "_deltaq" / "journal" / "tok").iterdir()
-    with open(segment, "ab") as f:
-        f.write(b"\x00\x00\x01\x00garbage")  # a frame the crash cut short
+    [segment] = _segments(tmp_path / "_deltaq" / "journal" / "tok")
+    with open(segment, "r+b") as f:
+        # Where the written part ends (the zeros begin), a frame the crash cut short.
+        written = sum(len(encode(r)) for r in records)
+        f.seek(written)
+        f.write(b"\x00\x00\x01\x00garbage")
     recovered = read_journal(str(tmp_path), "tok")
     assert recovered.records == records
-    assert len(recovered.torn) == 1 and "torn frame" in recovered.torn[0]
+    # The zeros after it make it whole in length: its checksum fails, where it begins.
+    assert len(recovered.torn) == 1 and f"checksum at byte {written}" in recovered.torn[0]
 
 
 def test_a_drain_run_again_after_a_crash_adds_no_row_twice(tmp_path: Path) -> None:
@@ -102,7 +112,7 @@ def test_segments_are_deleted_once_drained(tmp_path: Path, monkeypatch: pytest.M
     synced: list[int] = []  # the segments there when the filesystem was synced
 
     def sync(path: str) -> None:
-        synced.append(len(os.listdir(directory)))
+        synced.append(len(_segments(directory)))
         fs_sync.sync_filesystem(path)
 
     monkeypatch.setattr(journal_module, "sync_filesystem", sync)
@@ -111,7 +121,7 @@ def test_segments_are_deleted_once_drained(tmp_path: Path, monkeypatch: pytest.M
     for n in range(6):
         journal.append("t", [b"x" * 100], n, None, None, n)
         durable.wait(n + 1)
-    assert len(os.listdir(directory)) == 6  # one write per segment past 64 bytes
+    assert len(_segments(directory)) == 6  # one write per segment past 64 bytes
     assert journal.undrained == 6
     journal.drained([r.position for r in durable.records[:4]])
     journal.append("t", [b"y"], 7, None, None, 7)
@@ -119,9 +129,9 @@ def test_segments_are_deleted_once_drained(tmp_path: Path, monkeypatch: pytest.M
     # The four drained segments go (after the write that follows); the undrained ones and the
     # one being written stay.
     deadline = time.monotonic() + 5
-    while len(os.listdir(directory)) != 3 and time.monotonic() < deadline:
+    while len(_segments(directory)) != 3 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert len(os.listdir(directory)) == 3
+    assert len(_segments(directory)) == 3
     assert synced == [7]  # before the four went
     journal.close()
     assert not journal.remove_if_drained()

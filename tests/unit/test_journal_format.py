@@ -36,7 +36,9 @@ def test_a_torn_tail_keeps_every_whole_frame_before_it(
     decoded = decode(whole + frames[-1][:cut])
     assert decoded.records == written[:-1]
     assert decoded.valid_bytes == len(whole)
-    assert (decoded.torn is None) == (cut == 0)
+    # Only zeros where a frame would begin read as nothing written (the zeros a segment file
+    # is filled with); the first bytes of a short frame's length are zeros too.
+    assert (decoded.torn is None) == (not any(frames[-1][:cut]))
 
 
 @given(st.lists(records, min_size=1, max_size=5), st.data())
@@ -52,3 +54,25 @@ def test_a_corrupt_frame_is_found_and_what_came_before_is_kept(
     decoded = decode(raw)
     assert decoded.records == written[:broken]
     assert decoded.torn is not None and "checksum" in decoded.torn
+
+
+@given(st.lists(records, min_size=1, max_size=5), st.integers(1, 4096), st.data())
+def test_a_file_filled_with_zeros_ends_where_its_zeros_begin(
+    written: list[Record], zeros: int, data: st.DataObject
+) -> None:
+    """A segment written into a file of zeros: the zeros after the last frame are its end, not
+    a torn frame; a frame a crash cut short before those zeros is still reported."""
+    frames = [encode(r) for r in written]
+    whole = b"".join(frames)
+    decoded = decode(whole + bytes(zeros))
+    assert decoded.records == written
+    assert (decoded.valid_bytes, decoded.torn) == (len(whole), None)
+
+    head = b"".join(frames[:-1])
+    cut = data.draw(st.integers(8, len(frames[-1]) - 1))  # past the header: length is known
+    torn = decode(head + frames[-1][:cut] + bytes(zeros))
+    if any(frames[-1][cut:]):
+        assert torn.records == written[:-1] and torn.valid_bytes == len(head)
+        assert torn.torn is not None
+    else:  # only zeros were cut (an empty body's tail): the zeros make the frame whole again
+        assert torn.records == written and torn.torn is None
