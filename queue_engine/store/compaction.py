@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -43,8 +43,12 @@ from queue_engine.store.tables import parquet_dataset
 
 log = logging.getLogger(__name__)
 
-# Input bytes (compressed, as the files are) read and written at a time.
+# Input read and written at a time: about this many bytes (compressed, as the files are) or
+# this many rows, whichever comes first. Bytes alone do not bound the memory: files of
+# repeated 200-byte bodies (dictionary-encoded) compacted 1.2 million rows at 80 MiB of Arrow
+# and +158 MiB of the process's peak; 20,000 rows at a time, 11 MiB and +51 MiB.
 CHUNK_BYTES = 1 * 1024 * 1024
+CHUNK_ROWS = 20_000
 
 
 @dataclass(frozen=True)
@@ -58,16 +62,26 @@ class CompactionConflict(RuntimeError):
     """Another writer removed an input file, or changed the table's metadata or protocol."""
 
 
-def small_files(dt: DeltaTable, target_file_bytes: int) -> list[tuple[str, int]]:
-    """(path, size) of the table's files under half ``target_file_bytes``, in log order: the
-    files compaction rewrites (and whose count decides whether it runs)."""
+class SmallFile(NamedTuple):
+    path: str
+    size: int
+    # From the file's statistics (0 where it has none).
+    rows: int
+
+
+def small_files(dt: DeltaTable, target_file_bytes: int) -> list[SmallFile]:
+    """The table's files under half ``target_file_bytes``, in log order: the files compaction
+    rewrites (and whose count decides whether it runs)."""
     actions = pa.table(dt.get_add_actions(flatten=False))
     if actions.num_rows == 0:
         return []
     return [
-        (str(path), int(size))
-        for path, size in zip(
-            actions["path"].to_pylist(), actions["size_bytes"].to_pylist(), strict=True
+        SmallFile(str(path), int(size), int(rows or 0))
+        for path, size, rows in zip(
+            actions["path"].to_pylist(),
+            actions["size_bytes"].to_pylist(),
+            actions["num_records"].to_pylist(),
+            strict=True,
         )
         if int(size) < target_file_bytes // 2
     ]
@@ -83,7 +97,7 @@ def compact_small_files(
     small = small_files(dt, target_file_bytes)[:max_files]
     if len(small) < 2:
         return None
-    inputs = {path for path, _ in small}
+    inputs = {f.path for f in small}
     schema = pa.schema(dt.schema().to_arrow())
     name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
     if is_remote(path):
@@ -93,7 +107,7 @@ def compact_small_files(
     os.makedirs(staging_dir, exist_ok=True)
     staged = os.path.join(staging_dir, f"{uuid.uuid4().hex}.compacting")
     chunks = (
-        parquet_dataset([os.path.join(root, p) for p, _ in chunk], schema).to_table()
+        parquet_dataset([os.path.join(root, f.path) for f in chunk], schema).to_table()
         for chunk in _chunks(small)
     )
     stats = _write(chunks, staged)
@@ -116,16 +130,17 @@ def compact_small_files(
     return Compacted(len(small), int(stats["numRecords"]), version)
 
 
-def _chunks(small: list[tuple[str, int]]) -> Iterator[list[tuple[str, int]]]:
-    """The inputs in log order, a bounded number of bytes at a time."""
-    chunk: list[tuple[str, int]] = []
-    size = 0
+def _chunks(small: list[SmallFile]) -> Iterator[list[SmallFile]]:
+    """The inputs in log order, a bounded number of bytes and rows at a time."""
+    chunk: list[SmallFile] = []
+    size = rows = 0
     for item in small:
         chunk.append(item)
-        size += item[1]
-        if size >= CHUNK_BYTES:
+        size += item.size
+        rows += item.rows
+        if size >= CHUNK_BYTES or rows >= CHUNK_ROWS:
             yield chunk
-            chunk, size = [], 0
+            chunk, size, rows = [], 0, 0
     if chunk:
         yield chunk
 
@@ -151,7 +166,7 @@ def _write(chunks: Iterable[pa.Table], sink: str | pa.NativeFile) -> Any:
 def _compact_remote(
     root: str,
     dt: DeltaTable,
-    small: list[tuple[str, int]],
+    small: list[SmallFile],
     schema: pa.Schema,
     name: str,
     target_file_bytes: int,
@@ -162,11 +177,11 @@ def _compact_remote(
 
     def fetched() -> Iterator[pa.Table]:
         for chunk in _chunks(small):
-            datas = read_objects([f"{root}/{p}" for p, _ in chunk])
+            datas = read_objects([f"{root}/{f.path}" for f in chunk])
             tables = []
-            for (p, _), data in zip(chunk, datas, strict=True):
+            for f, data in zip(chunk, datas, strict=True):
                 if data is None:
-                    raise CompactionConflict(f"{p} is gone")
+                    raise CompactionConflict(f"{f.path} is gone")
                 tables.append(
                     pq.read_table(pa.BufferReader(data)).select(schema.names).cast(schema)
                 )
@@ -179,7 +194,7 @@ def _compact_remote(
     prefix = f"{key}/" if key else ""
     obstore.put(store, prefix + name, data.to_pybytes())
     entry = _entry(dt, small, name, data.size, stats, target_file_bytes)
-    check_winner = winner_check({p for p, _ in small}, CompactionConflict)
+    check_winner = winner_check({f.path for f in small}, CompactionConflict)
     try:
         version = put_remote(root, dt.version() + 1, entry, check_winner, CompactionConflict)
     except BaseException:
@@ -190,7 +205,7 @@ def _compact_remote(
 
 def _entry(
     dt: DeltaTable,
-    small: list[tuple[str, int]],
+    small: list[SmallFile],
     name: str,
     size: int,
     stats: dict[str, Any],
@@ -212,8 +227,6 @@ def _entry(
         "engineInfo": f"deltaq/{__version__}",
     }
     entry: list[dict[str, object]] = [{"commitInfo": info}]
-    entry += [
-        remove_action(path, size_bytes, now_ms, data_change=False) for path, size_bytes in small
-    ]
+    entry += [remove_action(f.path, f.size, now_ms, data_change=False) for f in small]
     entry.append(add_action(name, size, stats, now_ms, data_change=False))
     return log_entry(entry)

@@ -86,6 +86,21 @@ def test_compaction_reads_and_writes_a_chunk_at_a_time(
     assert _id_stats(dt) == (f"{0:016x}", f"{23:016x}", 24, 0)
 
 
+def test_a_chunk_is_bounded_by_rows_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files whose rows compress to almost nothing (repeated bodies) are read a bounded number
+    of rows at a time, whatever their bytes: each chunk is one row group of the output."""
+    path, _ = _table(tmp_path, 12)  # two rows a file
+    before = DeltaTable(path).to_pyarrow_table()
+    monkeypatch.setattr(compaction, "CHUNK_ROWS", 5)
+    done = compact_small_files(path, DeltaTable(path), TARGET)
+    assert done is not None and (done.files_removed, done.rows) == (12, 24)
+    [output] = DeltaTable(path).file_uris()
+    metadata = pq.ParquetFile(output).metadata
+    groups = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+    assert groups == [6, 6, 6, 6]  # three files (six rows) reach five rows
+    assert DeltaTable(path).to_pyarrow_table()["id"].to_pylist() == before["id"].to_pylist()
+
+
 def test_compaction_while_appending_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     path, appender = _table(tmp_path, 10)
     stop = threading.Event()
