@@ -64,7 +64,9 @@ class Broker:
         self._registry = NodeRegistry(self.warehouse.registry_path, shared=node is not None)
         self._registry.on_reload = self._follow
         self.maintenance = Maintenance(
-            MaintenancePolicy.from_settings(settings), on_checkpoint=self._checkpointed
+            MaintenancePolicy.from_settings(settings),
+            on_checkpoint=self._checkpointed,
+            in_process=not settings.maintenance_process,
         )
         self._acks = Acks()
         self.topics = Topics(

@@ -222,6 +222,10 @@ class Settings(BaseSettings):
     vacuum_retention_hours: int = 168
     vacuum_interval_s: int = 3600
     maintenance_interval_ms: int = 1000
+    # The API's table upkeep (checkpoints, compaction, vacuum) in a child process of its own:
+    # opening a table replays its log through delta-rs, and in the serving process that memory
+    # stays with the allocators. The serving process only decides what is due.
+    maintenance_process: bool = True
     # A start opens topics and channels for this long before it serves requests; the rest are
     # opened in the background (a request opens what it needs at once).
     startup_open_budget_s: float = 10.0

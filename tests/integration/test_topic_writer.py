@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -16,7 +18,7 @@ from deltalake.exceptions import DeltaError
 from queue_engine.store import maintenance
 from queue_engine.store.append import DeltaRsAppender, LocalAppender, appender_for
 from queue_engine.store.channel_reader import COLUMNS, ChannelReader
-from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
+from queue_engine.store.maintenance import Maintenance, MaintenancePolicy, MaintenanceProcessError
 from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, TOPIC_SCHEMA, conform, open_or_create
 from queue_engine.store.writer import TopicWriter, WriterClosedError
 
@@ -454,3 +456,42 @@ def test_messages_through_a_version_before_and_after_reopening(tmp_path: Path) -
         assert again.messages_through(newest - 1) == 14
     finally:
         again.close()
+
+
+def test_maintenance_in_a_child_process_does_the_same_and_outlives_its_child(
+    tmp_path: Path,
+) -> None:
+    """Upkeep done by the maintenance process: the same checkpoint and compaction, reported
+    back (the table handle is reopened); a child killed mid-life fails one round, the next
+    round starts another, and stopping ends it."""
+    path = str(tmp_path / "t")
+    open_or_create(path, TOPIC_SCHEMA)
+    fast = LocalAppender(path)
+    for i in range(30):
+        fast.append(_batch(2, i * 2))
+    reopened: list[str] = []
+    m = Maintenance(
+        _policy(compact_min_small_files=10), on_checkpoint=reopened.append, in_process=False
+    )
+    try:
+        m.upkeep(path)
+        child = m.last_upkeep_pid
+        assert child is not None and child != os.getpid()
+        assert m.compactions == 1 and m.checkpoints == 1 and reopened == [path]
+        dt = DeltaTable(path)
+        assert len(dt.file_uris()) == 1 and dt.to_pyarrow_table().num_rows == 60
+        assert (Path(path) / "_delta_log" / "_last_checkpoint").exists()
+
+        os.kill(child, signal.SIGKILL)
+        fast.reopen()
+        for i in range(10):
+            fast.append(_batch(1, 100 + i))
+        with pytest.raises(MaintenanceProcessError):
+            m.upkeep(path)
+        m.upkeep(path)  # a new child
+        assert m.last_upkeep_pid not in (None, child, os.getpid())
+        assert m.checkpoints == 2
+    finally:
+        m.stop()
+    with pytest.raises(ProcessLookupError):  # stopped and reaped
+        os.kill(m.last_upkeep_pid, 0)
