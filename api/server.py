@@ -18,9 +18,9 @@ from typing import Any
 import uvicorn
 
 from api.app import create_app, with_fast_path
-from api.memory import choose_arrow_pool, tune_malloc
 from api.tls import https_listener, refuse_plain_http, server_tls_context, tls_required
 from queue_engine.ports import Listener, check_ports, listeners
+from queue_engine.process_memory import choose_arrow_pool, tune_malloc
 from queue_engine.settings import Settings, TlsRequired
 from queue_engine.store.nodes import Node
 

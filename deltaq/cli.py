@@ -8,13 +8,13 @@ import contextlib
 import sys
 from types import ModuleType
 
-from api.memory import prepare_serving_process
 from jobs.command import (
     add_settings_arguments,
     configure_logging,
     run_reporting_errors,
     settings_of,
 )
+from queue_engine.process_memory import prepare_serving_process
 from queue_engine.settings import Settings
 
 DESCRIPTION = (

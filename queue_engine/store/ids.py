@@ -13,7 +13,7 @@ from queue_engine.message import MESSAGE_ID_HEX_LENGTH
 def hex_id_array(first: int, count: int, step: int = 1) -> pa.StringArray:
     """``count`` ids ``step`` apart starting at ``first``, each as 16 lower-case hex chars."""
     # Big-endian 64-bit integers, hex-encoded in one call, are the ids back to back. (No
-    # numpy: the API process runs without it, api/memory.py.)
+    # numpy: the API process runs without it, queue_engine/process_memory.py.)
     values = array.array("Q", range(first, first + count * step, step))
     if sys.byteorder == "little":
         values.byteswap()

@@ -16,10 +16,13 @@ import signal
 import sys
 from typing import BinaryIO
 
-from queue_engine.store.maintenance import _table_upkeep
+from queue_engine.process_memory import prepare_serving_process, tune_malloc
 
 
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
+    # Not at the top: the memory set-up comes before anything loads pyarrow.
+    from queue_engine.store.maintenance import _table_upkeep
+
     while True:
         try:
             request = pickle.load(requests)
@@ -34,6 +37,10 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
 
 
 def main() -> None:
+    # The same allocators and left-out modules as the serving process: this one opens tables
+    # and compacts them, and pandas (which pyarrow.dataset imports if it can) it never uses.
+    prepare_serving_process()
+    tune_malloc()
     # The parent stops this process (by closing its input); a terminal's Ctrl-C is its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(

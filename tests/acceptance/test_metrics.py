@@ -78,12 +78,12 @@ def test_metrics_follow_the_queue(
     assert samples[("deltaq_topic_commit_duration_seconds_count", topic)] >= 1
     assert samples[("deltaq_ledger_commit_duration_seconds_count", channel)] >= 1
     assert samples[("process_resident_memory_bytes", ())] > 10 * 2**20
-    # Arrow allocates from jemalloc (api/memory.py: mimalloc keeps what threads free, malloc
-    # fragments), unless the environment chose.
+    # Arrow allocates from jemalloc (queue_engine/process_memory.py: mimalloc keeps what
+    # threads free, malloc fragments), unless the environment chose.
     pool = os.environ.get("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
     assert samples[("deltaq_arrow_allocated_bytes", (("allocator", pool),))] >= 0
-    # The serving process never loaded pandas or numpy (api/memory.py), having published,
-    # fanned out, consumed and read its tables by now.
+    # The serving process never loaded pandas or numpy (queue_engine/process_memory.py),
+    # having published, fanned out, consumed and read its tables by now.
     assert server.process is not None
     mapped = Path(f"/proc/{server.process.pid}/maps").read_text()
     assert "/numpy/" not in mapped and "/pandas/" not in mapped

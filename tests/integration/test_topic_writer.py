@@ -481,6 +481,9 @@ def test_maintenance_in_a_child_process_does_the_same_and_outlives_its_child(
         dt = DeltaTable(path)
         assert len(dt.file_uris()) == 1 and dt.to_pyarrow_table().num_rows == 60
         assert (Path(path) / "_delta_log" / "_last_checkpoint").exists()
+        # Set up as the serving process is: pandas and numpy left out (it compacted meanwhile).
+        mapped = Path(f"/proc/{child}/maps").read_text()
+        assert "pandas" not in mapped and "numpy" not in mapped
 
         os.kill(child, signal.SIGKILL)
         fast.reopen()

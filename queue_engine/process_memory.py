@@ -1,5 +1,5 @@
-"""How the serving process keeps its memory small: modules it never uses are left out, and
-its allocators give freed memory back.
+"""How the serving process (and its maintenance process) keeps its memory small: modules it
+never uses are left out, and its allocators give freed memory back.
 
 Consuming a 200,000-message backlog over TCP right after publishing it (bench/tcp.py): the
 API's peak RSS was ~295 MiB before these and ~175 MiB with them, at the same rates.
