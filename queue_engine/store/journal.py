@@ -339,7 +339,10 @@ class Journal:
                 prepared.result()
         if prepared is not None and prepared.done() and prepared.exception() is None:
             # Zeros on disk already: writes to this segment allocate nothing.
-            os.rename(os.path.join(self.path, PREPARED_NAME), path)
+            try:
+                os.rename(os.path.join(self.path, PREPARED_NAME), path)
+            except OSError:
+                log.warning("the journal's prepared segment is gone; writing a new file")
             self._prepare_next()
         elif prepared is None or prepared.done():
             # Preparing failed (or was never started): a file that grows with each write.
