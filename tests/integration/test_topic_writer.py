@@ -462,8 +462,8 @@ def test_maintenance_in_a_child_process_does_the_same_and_outlives_its_child(
     tmp_path: Path,
 ) -> None:
     """Upkeep done by the maintenance process: the same checkpoint and compaction, reported
-    back (the table handle is reopened); a child killed mid-life fails one round, the next
-    round starts another, and stopping ends it."""
+    back (the table handle is reopened); a child killed mid-life is replaced (at most one
+    round fails), and stopping ends it."""
     path = str(tmp_path / "t")
     open_or_create(path, TOPIC_SCHEMA)
     fast = LocalAppender(path)
@@ -489,9 +489,10 @@ def test_maintenance_in_a_child_process_does_the_same_and_outlives_its_child(
         fast.reopen()
         for i in range(10):
             fast.append(_batch(1, 100 + i))
-        with pytest.raises(MaintenanceProcessError):
-            m.upkeep(path)
-        m.upkeep(path)  # a new child
+        try:
+            m.upkeep(path)  # a new child if the dead one was seen gone, else this round fails
+        except MaintenanceProcessError:
+            m.upkeep(path)  # ... and the next starts one
         assert m.last_upkeep_pid not in (None, child, os.getpid())
         assert m.checkpoints == 2
     finally:
