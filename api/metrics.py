@@ -71,6 +71,7 @@ def families(
     sweeps: dict[tuple[str, str], StateMeta],
     tcp_connections: int,
     jobs: dict[str, object] | None = None,
+    maintenance_bytes: int | None = None,
 ) -> list[Metric]:
     def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
         return GaugeMetricFamily(f"deltaq_{name}", doc, labels=labels)
@@ -93,14 +94,20 @@ def families(
         ["allocator"],
     )
     arrow.add_metric([pool.backend_name], pool.bytes_allocated())
-    extra: list[Metric] = []
+    upkeep = gauge(
+        "maintenance_process_resident_memory_bytes",
+        "Resident memory of the API's table-upkeep process (0 while there is none).",
+        [],
+    )
+    upkeep.add_metric([], maintenance_bytes or 0)
+    extra: list[Metric] = [upkeep]
     if jobs is not None:
         # deltaq up's jobs process (fanout, sweep): alert when it is not up for long.
         up = gauge("jobs_up", "1 while deltaq up's jobs process (fanout, sweep) runs.", [])
         up.add_metric([], 1 if jobs.get("state") == "running" else 0)
         restarts = counter("jobs_restarts", "Restarts of deltaq up's jobs process.", [])
         restarts.add_metric([], float(str(jobs.get("restarts") or 0)))
-        extra = [up, restarts]
+        extra += [up, restarts]
 
     t_depth = gauge("topic_depth", "Messages no channel has taken yet.", ["topic"])
     t_messages = counter(
@@ -204,7 +211,9 @@ async def metrics(request: Request) -> Response:
     scraped = CollectorRegistry(auto_describe=False)
     status = getattr(state, "jobs_status", None)
     jobs = status() if status is not None else None
-    scraped.register(_Families(families(topics, sweeps, len(tcp.connections) if tcp else 0, jobs)))
+    connections = len(tcp.connections) if tcp else 0
+    upkeep_bytes = await asyncio.to_thread(broker.maintenance.process_resident_bytes)
+    scraped.register(_Families(families(topics, sweeps, connections, jobs, upkeep_bytes)))
     # REGISTRY: the process collectors and the histograms of queue_engine.metrics.
     body = generate_latest(REGISTRY) + generate_latest(scraped)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

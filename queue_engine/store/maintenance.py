@@ -244,6 +244,17 @@ class Maintenance:
         if worker is not None:
             _end(worker)
 
+    def process_resident_bytes(self) -> int | None:
+        """The maintenance process's resident memory (Linux), or None while there is none."""
+        worker = self._worker
+        if worker is None or worker.poll() is not None:
+            return None
+        try:
+            with open(f"/proc/{worker.pid}/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            return None
+
     def _do(self, path: str, compaction_due: bool, checkpoint_due: bool, vacuum_due: bool) -> _Done:
         request = (path, self.policy, compaction_due, checkpoint_due, vacuum_due)
         if self._in_process:

@@ -82,6 +82,8 @@ def test_metrics_follow_the_queue(
     # threads free, malloc fragments), unless the environment chose.
     pool = os.environ.get("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
     assert samples[("deltaq_arrow_allocated_bytes", (("allocator", pool),))] >= 0
+    # The table-upkeep process's memory: 0 until a round with work has started it.
+    assert samples[("deltaq_maintenance_process_resident_memory_bytes", ())] >= 0
     # The serving process never loaded pandas or numpy (queue_engine/process_memory.py),
     # having published, fanned out, consumed and read its tables by now.
     assert server.process is not None

@@ -484,6 +484,8 @@ def test_maintenance_in_a_child_process_does_the_same_and_outlives_its_child(
         # Set up as the serving process is: pandas and numpy left out (it compacted meanwhile).
         mapped = Path(f"/proc/{child}/maps").read_text()
         assert "pandas" not in mapped and "numpy" not in mapped
+        resident = m.process_resident_bytes()
+        assert resident is not None and 10 * 2**20 < resident < 1024 * 2**20
 
         os.kill(child, signal.SIGKILL)
         fast.reopen()
@@ -499,3 +501,4 @@ def test_maintenance_in_a_child_process_does_the_same_and_outlives_its_child(
         m.stop()
     with pytest.raises(ProcessLookupError):  # stopped and reaped
         os.kill(m.last_upkeep_pid, 0)
+    assert m.process_resident_bytes() is None
