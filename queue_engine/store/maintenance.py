@@ -99,7 +99,7 @@ class MaintenancePolicy:
 
 
 @dataclass(frozen=True)
-class _Done:
+class UpkeepDone:
     """What one round of a table's upkeep did."""
 
     # The compaction's summary (None: none was due).
@@ -112,13 +112,13 @@ class _Done:
     pid: int
 
 
-def _table_upkeep(
+def table_upkeep(
     path: str,
     policy: MaintenancePolicy,
     compaction_due: bool,
     checkpoint_due: bool,
     vacuum_due: bool,
-) -> _Done:
+) -> UpkeepDone:
     """Open the table and do what is due: compact (before the checkpoint, when enough small
     files wait), checkpoint, vacuum. In the maintenance process when there is one."""
     compaction: str | None = None
@@ -145,7 +145,7 @@ def _table_upkeep(
         # What delta-rs and Arrow allocated replaying the log and rewriting files goes back
         # to the system (it stayed with the allocator: ~20 MiB per few hundred commits).
         pa.default_memory_pool().release_unused()
-    return _Done(compaction, checkpoint_version, vacuumed, os.getpid())
+    return UpkeepDone(compaction, checkpoint_version, vacuumed, os.getpid())
 
 
 def _compact(path: str, dt: DeltaTable, target_file_bytes: int) -> str:
@@ -255,10 +255,12 @@ class Maintenance:
         except (OSError, ValueError, IndexError):
             return None
 
-    def _do(self, path: str, compaction_due: bool, checkpoint_due: bool, vacuum_due: bool) -> _Done:
+    def _do(
+        self, path: str, compaction_due: bool, checkpoint_due: bool, vacuum_due: bool
+    ) -> UpkeepDone:
         request = (path, self.policy, compaction_due, checkpoint_due, vacuum_due)
         if self._in_process:
-            return _table_upkeep(*request)
+            return table_upkeep(*request)
         with self._worker_lock:
             if self._worker is None or self._worker.poll() is not None:
                 self._worker = _start_worker()
@@ -275,7 +277,7 @@ class Maintenance:
                 raise MaintenanceProcessError(f"the maintenance process ended: {exc!r}") from exc
         if not ok:
             raise MaintenanceProcessError(answer)
-        assert isinstance(answer, _Done)
+        assert isinstance(answer, UpkeepDone)
         return answer
 
     def _run(self) -> None:

@@ -2,7 +2,7 @@
 
 ``python -m queue_engine.store.maintenance_worker``, started by ``Maintenance`` with
 ``in_process=False``. It reads pickled requests from stdin, one at a time, does each round
-(``_table_upkeep``) and writes back ``(True, done)`` or ``(False, why)``. It ends when its
+(``table_upkeep``) and writes back ``(True, done)`` or ``(False, why)``. It ends when its
 stdin closes: its parent stopped it, or died (then what a round had done is committed or was
 never visible: every step of upkeep is one put-if-absent commit or a deletion vacuum allows).
 """
@@ -21,7 +21,7 @@ from queue_engine.process_memory import prepare_serving_process, tune_malloc
 
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     # Not at the top: the memory set-up comes before anything loads pyarrow.
-    from queue_engine.store.maintenance import _table_upkeep
+    from queue_engine.store.maintenance import table_upkeep
 
     while True:
         try:
@@ -29,7 +29,7 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
         except EOFError:
             return
         try:
-            answer: tuple[bool, object] = (True, _table_upkeep(*request))
+            answer: tuple[bool, object] = (True, table_upkeep(*request))
         except Exception as exc:  # reported to the parent, which logs it and goes on
             answer = (False, f"upkeep of {request[0]} failed: {exc!r}")
         pickle.dump(answer, answers)
