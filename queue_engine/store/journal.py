@@ -8,7 +8,8 @@ file; on an object store one object per write (a write takes one PUT, ~20 ms: th
 Local segments are written into files filled with zeros ahead of time (``_prepare_segment``):
 a write then lands on blocks the file already has, and its ``fdatasync`` has only the data to
 flush, no new size or block allocation (measured on ext4: 91 against 162 us for a 2.4 KB
-write). A segment's written part ends where its zeros begin: no frame has a zero length.
+write). A segment's written part ends where its zeros begin (no frame's header is all zeros).
+
 Once durable, each publish is acknowledged and handed to its topic's writer; the topic's
 commit records the journal's app transaction (``deltaq-journal-<token>``, version = the
 newest position it carries), so a journal drained twice (a crash between a topic commit and
