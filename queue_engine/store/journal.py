@@ -334,21 +334,21 @@ class Journal:
         name = f"{first:020d}.log"
         path = os.path.join(self.path, name)
         prepared = self._prepared
-        if prepared is not None and not self._segments:
+        assert prepared is not None  # a local journal prepares from its start
+        if not self._segments:
             # The first segment waits for its zeros (once, tens of ms); later ones never do.
             with contextlib.suppress(Exception):
                 prepared.result()
-        if prepared is not None and prepared.done() and prepared.exception() is None:
-            # Zeros on disk already: writes to this segment allocate nothing.
-            try:
-                os.rename(os.path.join(self.path, PREPARED_NAME), path)
-            except OSError:
-                log.warning("the journal's prepared segment is gone; writing a new file")
+        if prepared.done():
+            if prepared.exception() is None:
+                # Zeros on disk already: writes to this segment allocate nothing.
+                try:
+                    os.rename(os.path.join(self.path, PREPARED_NAME), path)
+                except OSError:
+                    log.warning("the journal's prepared segment is gone; writing a new file")
             self._prepare_next()
-        elif prepared is None or prepared.done():
-            # Preparing failed (or was never started): a file that grows with each write.
-            self._prepare_next()
-        # (Still being filled: this segment grows as it is written; the next roll takes it.)
+        # Otherwise (still being filled, or preparing failed) this segment is a file that grows
+        # with each write; the next roll takes the prepared one.
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         # The new file's directory entry must survive a power loss too.
         dir_fd = os.open(self.path, os.O_RDONLY)
