@@ -93,3 +93,19 @@ def test_metrics_follow_the_queue(
 
     assert http.post("/channel/pause", params={"topic": "m", "channel": "c"}).is_success
     assert scrape(http)[("deltaq_channel_paused", channel)] == 1
+
+
+def test_the_maintenance_process_memory_is_the_one_given() -> None:
+    from api.metrics import families
+
+    def upkeep_gauge(resident: int | None) -> float:
+        [family] = [
+            f
+            for f in families([], {}, 0, None, resident)
+            if f.name == "deltaq_maintenance_process_resident_memory_bytes"
+        ]
+        [sample] = family.samples
+        return sample.value
+
+    assert upkeep_gauge(123 * 2**20) == 123 * 2**20
+    assert upkeep_gauge(None) == 0  # no maintenance process (yet)
