@@ -21,6 +21,7 @@ from queue_engine.shares import ALL_LANES, keep_lanes, lane_of
 from queue_engine.store.channel_reader import ChannelReader
 from queue_engine.store.ledger import read_ledger, read_ledger_after
 from queue_engine.store.state import StateMeta, load_states, read_meta, read_state
+from queue_engine.store.torn_tail import repair_once
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,9 @@ def restore_channel(
     started = time.perf_counter()
     if lanes == ALL_LANES:
         lanes = None
+    for path in (messages_path, ledger_path, state_path):
+        if path is not None:
+            repair_once(path)  # what a power cut left at a table's tail, before it is read
     meta = read_meta(state_path) if state_path else None
     queue = ChannelQueue()
     reader = ChannelReader(messages_path, lanes)

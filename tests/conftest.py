@@ -63,7 +63,8 @@ class Server:
         self.port = self.port or free_port()
         self.tcp_port = self.tcp_port or free_port()
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
-        self.log_path = self.warehouse.parent / f"server-{self.port}.log"
+        if self.log_path is None:
+            self.log_path = self.warehouse.parent / f"server-{self.port}.log"
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
         self.process = subprocess.Popen(
             [

@@ -38,6 +38,7 @@ from queue_engine.fanout import (
 )
 from queue_engine.registry import ChannelInfo, Registry
 from queue_engine.spark.checkpoint_mirror import CheckpointMirror
+from queue_engine.spark.checkpoint_sync import repair_checkpoint, sync_batch
 from queue_engine.spark.session import (
     CheckpointLocationError,
     Engine,
@@ -47,6 +48,8 @@ from queue_engine.spark.session import (
 )
 from queue_engine.spark.trigger_log import TriggerLog
 from queue_engine.store.append_once import IdempotentAppender
+from queue_engine.store.commit_log import latest_version
+from queue_engine.store.fs_sync import sync_commits
 from queue_engine.store.notices import NoticeWriter
 from queue_engine.store.object_store import StoreError, is_remote
 from queue_engine.store.registry_store import RegistryReader
@@ -206,6 +209,7 @@ def fanout_batch_by_spark(
                 if (path, channel.created_at_us) not in created:
                     open_or_create(path, CHANNEL_MESSAGES_SCHEMA)
                     created.add((path, channel.created_at_us))
+                before = latest_version(path)
                 (
                     df.filter(
                         (F.col("topic") == topic)
@@ -219,6 +223,8 @@ def fanout_batch_by_spark(
                     .option("txnVersion", str(batch_id))
                     .save(path)
                 )
+                # delta-spark does not sync what it writes: before Spark records the batch.
+                sync_commits(path, before + 1, latest_version(path, before))
                 written += 1
                 wrote.append((topic, name))
     finally:
@@ -358,6 +364,7 @@ def start_fanout(
 
     def each_batch(df: DataFrame, batch_id: int) -> None:
         if mirror is None:
+            sync_batch(location, batch_id)
             write(df, batch_id, None)
             return
         # This batch's offsets in the store before any channel commits its rows; put while
@@ -365,6 +372,8 @@ def start_fanout(
         write(df, batch_id, pushing.submit(mirror.push).result)
 
     try:
+        if mirror is None:
+            repair_checkpoint(location)
         if not checkpoint_has_batches(spark, location):
             shown = mirror.url if mirror else location
             refuse_foreign_history(warehouse, registry_reader.get(), shown)

@@ -78,6 +78,7 @@ from queue_engine.store.commit_log import (
     added_files,
     latest_version,
 )
+from queue_engine.store.fs_sync import sync_commits, sync_file
 from queue_engine.store.notices import NoticeReader, topic_writers
 from queue_engine.store.object_store import is_remote, read_objects
 from queue_engine.store.registry_store import RegistryReader
@@ -730,6 +731,7 @@ def _write_data_file(path: str, iterator: Iterator[pa.RecordBatch]) -> list[tupl
     if isinstance(fs, pafs.LocalFileSystem):
         staging = f"{root.rstrip('/')}/.{name}.tmp"
         pq.write_table(table, staging, filesystem=fs, compression="snappy")
+        sync_file(staging)  # durable before the commit that names it
         fs.move(staging, target)
     else:
         pq.write_table(table, target, filesystem=fs, compression="snappy")
@@ -763,12 +765,14 @@ def _commit_files(
     if transaction is not None:
         txn = Transaction(transaction.app_id, transaction.version, now_ms)
         properties = CommitProperties(app_transactions=[txn])
+    before = int(dt.version())
     dt.create_write_transaction(
         adds,
         mode="overwrite" if overwrite else "append",
         schema=_arrow_schema(path),
         commit_properties=properties,
     )
+    sync_commits(path, before + 1, int(dt.version()))
 
 
 def _discard(path: str, messages: list[WriterCommitMessage | None]) -> None:

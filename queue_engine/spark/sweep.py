@@ -40,6 +40,7 @@ from queue_engine.state_fold import (
     fold_tables,
 )
 from queue_engine.store.commit_log import AddedFile, added_files, commit_info, latest_version
+from queue_engine.store.fs_sync import sync_commits
 from queue_engine.store.maintenance import Maintenance
 from queue_engine.store.notices import NoticeWriter
 from queue_engine.store.registry_store import RegistryReader
@@ -446,12 +447,14 @@ def _commit_channel(
             schema=LEDGER_SCHEMA,
         )
         ledger = DeltaTable(p.ledger_path)
+        before = int(ledger.version())
         write_deltalake(
             ledger,
             events,
             mode="append",
             commit_properties=CommitProperties(custom_metadata={WRITER_KEY: SWEEP_WRITER}),
         )
+        sync_commits(p.ledger_path, before + 1, int(ledger.version()))
         if ledger.version() == p.ledger_version + 1:
             # Nobody committed in between: the rows are exactly the fold of the ledger up to
             # the TIMEOUT commit, so the next sweep need not read it back.

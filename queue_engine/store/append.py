@@ -36,6 +36,7 @@ from deltalake.transaction import CommitProperties, PostCommitHookProperties, Tr
 
 from queue_engine import __version__
 from queue_engine.store.commit_log import commit_actions, latest_version
+from queue_engine.store.fs_sync import sync_commits, sync_directory, sync_file, write_synced
 from queue_engine.store.object_store import is_remote, store_and_key
 from queue_engine.store.put_if_absent import move_if_absent
 from queue_engine.store.spare_files import SpareFiles
@@ -90,6 +91,7 @@ class DeltaRsAppender:
     def append(self, table: pa.Table, txn: Transaction | None = None) -> int:
         props = CommitProperties(app_transactions=[txn]) if txn is not None else None
         for attempt in range(1, _ATTEMPTS + 1):
+            before = int(self._dt.version())
             try:
                 write_deltalake(
                     self._dt,
@@ -98,7 +100,10 @@ class DeltaRsAppender:
                     commit_properties=props,
                     post_commithook_properties=_NO_HOOKS,
                 )
-                return int(self._dt.version())
+                version = int(self._dt.version())
+                # delta-rs does not sync what it writes: before anyone relies on the commit.
+                sync_commits(self.path, before + 1, version)
+                return version
             except CommitFailedError as exc:
                 features = unsupported_features(str(exc))
                 if features:
@@ -182,12 +187,13 @@ class LocalAppender:
         pq.write_table(table, buffer, compression="snappy")
         data = buffer.getvalue()
         spare = self._spares.take()
-        _write_empty_file(spare, data)
-        # Renamed into place only once complete: the data file never exists half-written.
+        # Synced, then renamed into place: the data file never exists half-written, and is
+        # durable before the commit that names it.
+        write_synced(spare, data)
         os.rename(spare, file_path)
         entry = blind_append_entry(name, data.size, table, txn)
         staging = self._spares.take()
-        _write_empty_file(staging, entry)
+        write_synced(staging, entry)
         try:
             version = put_log_entry(self._log_dir, self._next_version, staging, self._check_winner)
         except BaseException:
@@ -313,10 +319,16 @@ def put_log_entry(
     version another writer took first, ``check_winner`` gets that commit's actions and raises
     if this commit must not follow it. Returns the version taken; ``staging`` is gone then,
     and left for the caller to remove when this raises."""
+    # The commit's bytes are durable before its name appears (already so when written with
+    # write_synced: a second fdatasync of a clean file returns at once).
+    sync_file(staging)
     version = first_version
     for _ in range(_MAX_COMMIT_RACES):
         target = os.path.join(log_dir, f"{version:020d}.json")
         if move_if_absent(staging, target):
+            # The commit's name, then the data files' names in the table root.
+            sync_directory(log_dir)
+            sync_directory(os.path.dirname(log_dir))
             return version
         with open(target, "rb") as f:
             check_winner([json.loads(line) for line in f if line.strip()])
@@ -355,18 +367,6 @@ def _refuse_schema_change(actions: list[Any]) -> None:
     # then let delta-rs decide.
     if any("metaData" in a or "protocol" in a for a in actions):
         raise ProtocolChangedError("the table's metadata or protocol changed")
-
-
-def _write_empty_file(path: str, data: bytes | pa.Buffer) -> None:
-    """Write ``data`` into an existing empty file. Opening without O_TRUNC (the file is empty)
-    is ~30x cheaper than ``open(path, "wb")`` on the ext4 disks measured here."""
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
 
 
 class ProtocolChangedError(RuntimeError):

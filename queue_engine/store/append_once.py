@@ -10,6 +10,7 @@ from deltalake import DeltaTable
 from deltalake.transaction import Transaction
 
 from queue_engine.store.append import appender_for
+from queue_engine.store.fs_sync import sync_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class IdempotentAppender:
     def _checkpoint(self) -> None:
         try:
             DeltaTable(self.path).create_checkpoint()
+            sync_checkpoint(self.path)
         except Exception:
             # A deleted channel, or a storage hiccup: the next interval tries again.
             log.warning("checkpoint of %s failed", self.path, exc_info=True)

@@ -36,6 +36,7 @@ from queue_engine.store.append import (
     merged_stats,
     put_log_entry,
 )
+from queue_engine.store.fs_sync import sync_file
 from queue_engine.store.object_store import is_remote, read_objects, store_and_key
 from queue_engine.store.remove_files import put_remote, remove_action, winner_check
 from queue_engine.store.spare_files import SPARE_DIR
@@ -112,6 +113,7 @@ def compact_small_files(
     )
     stats = _write(chunks, staged)
     size = os.path.getsize(staged)
+    sync_file(staged)  # durable before the commit that names it
     os.rename(staged, os.path.join(root, name))  # never visible half-written
     entry = _entry(dt, small, name, size, stats, target_file_bytes)
     check_winner = winner_check(inputs, CompactionConflict)

@@ -33,7 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from queue_engine.store.fs_sync import sync_filesystem
+from queue_engine.store.fs_sync import sync_directory
 from queue_engine.store.journal_format import Record, decode, encode
 from queue_engine.store.object_store import (
     delete_objects,
@@ -87,9 +87,10 @@ def _object_name(first: int, last: int) -> str:
     return f"{first:020d}-{last:020d}.jrn"
 
 
-def _sync_then_unlink(directory: str, paths: list[str]) -> None:
+def _unlink_drained(directory: str, paths: list[str]) -> None:
+    # Every topic commit that drained these segments was synced before it was reported
+    # (fs_sync): deleting them can no longer outlive those commits in a power cut.
     try:
-        sync_filesystem(directory)
         for path in paths:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
@@ -162,13 +163,17 @@ class Journal:
             if self._remote
             else None
         )
-        # Deletes drained local segments once their topic commits are on disk (fs_sync).
+        # Deletes drained local segments (their topic commits were synced as they were made).
         self._unlinker = ThreadPoolExecutor(1, thread_name_prefix="deltaq-journal-truncate")
         # Fills the next local segment's file with zeros while the current one takes writes.
         self._preparer = ThreadPoolExecutor(1, thread_name_prefix="deltaq-journal-prepare")
         self._prepared: Future[None] | None = None
         if not self._remote:
             os.makedirs(self.path, exist_ok=True)
+            # The journal's directory and the ones above it, up to the warehouse: a segment's
+            # name is durable only once every directory on its path is.
+            sync_directory(os.path.dirname(self.path))
+            sync_directory(os.path.dirname(os.path.dirname(self.path)))
             self._prepare_next()
         self._thread = threading.Thread(target=self._run, name="deltaq-journal", daemon=True)
         self._thread.start()
@@ -229,8 +234,6 @@ class Journal:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        if not self._remote:
-            sync_filesystem(self.path)  # every topic commit is on disk before the journal goes
         delete_tree(self.path)
         return True
 
@@ -351,11 +354,7 @@ class Journal:
         # with each write; the next roll takes the prepared one.
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         # The new file's directory entry must survive a power loss too.
-        dir_fd = os.open(self.path, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        sync_directory(self.path)
         self._size = 0
         self._segments.append(_Segment(name, first, first))
 
@@ -387,7 +386,7 @@ class Journal:
                 # Off this thread (acknowledgements wait for it): the commits holding these
                 # publishes are made durable, then the segments go.
                 self._unlinker.submit(
-                    _sync_then_unlink, self.path, [os.path.join(self.path, s.name) for s in done]
+                    _unlink_drained, self.path, [os.path.join(self.path, s.name) for s in done]
                 )
         except Exception:
             # Kept for the next pass: a drained segment left behind costs a re-read at recovery.

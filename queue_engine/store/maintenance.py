@@ -30,6 +30,7 @@ from queue_engine.settings import Settings
 from queue_engine.store.append import blind_appends_honoured
 from queue_engine.store.commit_log import latest_version
 from queue_engine.store.compaction import compact_small_files, small_files
+from queue_engine.store.fs_sync import sync_checkpoint, sync_commits
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,7 @@ def table_upkeep(
     vacuumed: int | None = None
     try:
         dt = _open(path)
+        opened = int(dt.version())
         if checkpoint_due:
             target = policy.compact_target_file_bytes
             if compaction_due and len(small_files(dt, target)) >= policy.compact_min_small_files:
@@ -133,6 +135,7 @@ def table_upkeep(
                 dt.update_incremental()  # just the compaction's commit, not the whole log
             dt.create_checkpoint()
             checkpoint_version = dt.version()
+            sync_checkpoint(path)
         if vacuum_due:
             removed = dt.vacuum(
                 retention_hours=policy.vacuum_retention_hours,
@@ -141,6 +144,9 @@ def table_upkeep(
             )
             dt.cleanup_metadata()
             vacuumed = len(removed)
+            # delta-rs records a vacuum as commits of its own (VACUUM START / END).
+            dt.update_incremental()
+            sync_commits(path, opened + 1, int(dt.version()))
     finally:
         # What delta-rs and Arrow allocated replaying the log and rewriting files goes back
         # to the system (it stayed with the allocator: ~20 MiB per few hundred commits).

@@ -272,8 +272,16 @@ def replace_whole(url: str, body: bytes) -> None:
         obstore.put(store, key, body)
         return
     os.makedirs(os.path.dirname(url), exist_ok=True)
-    # A new inode each time: readers never see half a file, and tell versions apart.
+    # A new inode each time: readers never see half a file, and tell versions apart. Synced,
+    # with its directory: after a power cut the file holds this body or the one before.
     temporary = f"{url}.{uuid.uuid4().hex}.tmp"
     with open(temporary, "wb") as f:
         f.write(body)
+        f.flush()
+        os.fdatasync(f.fileno())
     os.replace(temporary, url)
+    directory = os.open(os.path.dirname(os.path.abspath(url)), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

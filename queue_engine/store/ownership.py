@@ -26,6 +26,7 @@ from typing import Any
 from queue_engine.message import LANES
 from queue_engine.names import path_segment
 from queue_engine.shares import Holder, Shares
+from queue_engine.store.fs_sync import sync_directory
 from queue_engine.store.nodes import NodeRecord
 from queue_engine.store.object_store import is_remote
 from queue_engine.store.put_if_absent import move_if_absent
@@ -189,7 +190,10 @@ class Ownership:
         staging = f"{directory}/.{uuid.uuid4().hex}.tmp"
         with open(staging, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fdatasync(f.fileno())
         if move_if_absent(staging, path):
+            sync_directory(directory)
             return True
         os.unlink(staging)
         return False

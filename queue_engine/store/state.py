@@ -19,6 +19,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from queue_engine.lease import FRESH, MessageState, Status
 from queue_engine.store.commit_log import commit_info
+from queue_engine.store.fs_sync import sync_commits
 
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -190,14 +191,18 @@ def read_state(path: str, meta: StateMeta) -> pa.Table:
 
 def write_state(path: str, rows: pa.Table, meta: StateMeta) -> int:
     """Replace the table's rows with ``rows`` in one commit carrying ``meta``."""
+    dt = DeltaTable(path)
+    before = int(dt.version())
     write_deltalake(
-        path,
+        dt,
         rows.select(STATE_SCHEMA.names).cast(STATE_SCHEMA),
         mode="overwrite",
         schema_mode="overwrite",
         commit_properties=CommitProperties(custom_metadata=meta.to_commit_info()),
     )
-    return int(DeltaTable(path).version())
+    version = int(dt.version())
+    sync_commits(path, before + 1, version)
+    return version
 
 
 # -- rows <-> states ------------------------------------------------------------------------

@@ -10,10 +10,14 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.schema import Field as DeltaField
 
 from queue_engine.names import path_segment
+from queue_engine.store.fs_sync import local_path, sync_commits, sync_directory
+from queue_engine.store.object_store import is_remote
+from queue_engine.store.table_features import TableRefusedError
+from queue_engine.store.torn_tail import repair_once
 
 log = logging.getLogger(__name__)
 
@@ -160,15 +164,51 @@ def open_or_create(path: str, schema: pa.Schema) -> DeltaTable:
 
     Created tables use reader 1 / writer 2, which delta-spark reads and writes as well.
     """
+    repair_once(path)
     try:
-        return add_missing_columns(DeltaTable(path), schema)
+        return add_missing_columns(_open_sound(path), schema)
     except TableNotFoundError:
         pass
     try:
-        return DeltaTable.create(path, schema=schema, mode="error")
+        created = DeltaTable.create(path, schema=schema, mode="error")
     except Exception:
         # Another process may have created it between the two calls; opening decides.
-        return add_missing_columns(DeltaTable(path), schema)
+        return add_missing_columns(_open_sound(path), schema)
+    sync_created(path)
+    return created
+
+
+def _open_sound(path: str) -> DeltaTable:
+    """``DeltaTable(path)``; a log no reader can follow (after ``repair_once`` set aside what a
+    power cut leaves) is refused by name: TableDamagedError."""
+    try:
+        return DeltaTable(path)
+    except TableNotFoundError:
+        raise
+    except DeltaError as exc:
+        if is_remote(path):
+            raise
+        raise TableDamagedError(path, str(exc)) from exc
+
+
+class TableDamagedError(TableRefusedError):
+    """A local table whose log cannot be read: damage other than what a power cut leaves at its
+    tail (which is set aside when the table is opened). The other tables keep serving."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(path, "a damaged log", f"its log cannot be read ({detail})")
+
+
+def sync_created(path: str) -> None:
+    """Make a table delta-rs just created durable: its first commit, and the new directories'
+    names up to the warehouse (a table lives at most three levels below it)."""
+    if is_remote(path):
+        return
+    sync_commits(path, 0, 0)
+    directory = os.path.dirname(os.path.abspath(local_path(path)))
+    for _ in range(3):
+        sync_directory(directory)
+        directory = os.path.dirname(directory)
 
 
 def add_missing_columns(dt: DeltaTable, schema: pa.Schema) -> DeltaTable:
@@ -183,8 +223,10 @@ def add_missing_columns(dt: DeltaTable, schema: pa.Schema) -> DeltaTable:
         return dt
     if any(not f.nullable for f in missing):
         raise ValueError(f"{dt.table_uri}: cannot add required columns {missing}")
+    before = int(dt.version())
     try:
         dt.alter.add_columns([DeltaField.from_arrow(f) for f in missing])
+        sync_commits(dt.table_uri, before + 1, int(dt.version()))
     except Exception:
         # Another writer may have added them first: re-read and check.
         dt.update_incremental()

@@ -1,0 +1,125 @@
+"""Spark's streaming checkpoint on a local disk, made to survive a power cut.
+
+Spark writes its offset and commit logs (``offsets/N``, ``commits/N``, each with a Hadoop
+``.N.crc`` beside it) by rename and never syncs them. After a cut one can be empty or torn,
+and Spark then refuses to start the query. Two steps keep the fanout exactly once:
+
+- before a micro-batch's rows reach any channel, its ``offsets/N`` (and the previous batch's
+  ``commits/N-1``) are synced: a channel commit recording batch N (its ``txn``) is never
+  durable while the offsets that define batch N are not;
+- at start, a torn or empty file at the tail of either log is set aside. A lost ``offsets/N``
+  means no channel recorded batch N (it was synced first); a lost ``commits/N`` makes Spark
+  run batch N again with the same offsets, which every channel skips by its ``txn``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import uuid
+
+from queue_engine.store.fs_sync import sync_directory, sync_file
+
+log = logging.getLogger(__name__)
+
+_BATCH = re.compile(r"^\d+$")
+SET_ASIDE_DIR = "_deltaq_set_aside"
+
+
+def local_checkpoint(location: str) -> str | None:
+    """The local directory of a checkpoint location (None: not on a local filesystem)."""
+    if location.startswith("file://"):
+        return location[len("file://") :]
+    if location.startswith("file:"):
+        return location[len("file:") :]
+    if "://" in location:
+        return None
+    return location
+
+
+def sync_batch(location: str, batch_id: int) -> None:
+    """Make batch ``batch_id``'s offsets and the previous batch's commit durable."""
+    root = local_checkpoint(location)
+    if root is None:
+        return
+    synced = False
+    for log_name, batch in (("offsets", batch_id), ("commits", batch_id - 1)):
+        directory = os.path.join(root, log_name)
+        for name in (str(batch), f".{batch}.crc"):
+            try:
+                sync_file(os.path.join(directory, name))
+                synced = True
+            except FileNotFoundError:
+                continue
+        if synced:
+            sync_directory(directory)
+    if batch_id == 0 or not synced:
+        # The first batch: the query's metadata and the logs' directories themselves.
+        for name in ("metadata", ".metadata.crc"):
+            try:
+                sync_file(os.path.join(root, name))
+            except FileNotFoundError:
+                continue
+        sync_directory(root)
+        sync_directory(os.path.dirname(os.path.abspath(root)))
+
+
+def repair_checkpoint(location: str) -> list[str]:
+    """Set aside the torn or empty files at the tail of the offset and commit logs (what a
+    power cut leaves); returns their paths."""
+    root = local_checkpoint(location)
+    if root is None or not os.path.isdir(root):
+        return []
+    set_aside: list[str] = []
+    for log_name in ("offsets", "commits"):
+        directory = os.path.join(root, log_name)
+        try:
+            batches = sorted(
+                (int(n) for n in os.listdir(directory) if _BATCH.match(n)), reverse=True
+            )
+        except FileNotFoundError:
+            continue
+        for batch in batches:
+            path = os.path.join(directory, str(batch))
+            if _sound(path):
+                # Its checksum may not have reached the disk with it: Hadoop reads a log
+                # file without a .crc, and refuses one whose .crc disagrees.
+                crc = os.path.join(directory, f".{batch}.crc")
+                if os.path.exists(crc):
+                    os.unlink(crc)
+                break
+            aside = os.path.join(root, SET_ASIDE_DIR)
+            os.makedirs(aside, exist_ok=True)
+            os.replace(path, os.path.join(aside, f"{log_name}-{batch}-{uuid.uuid4().hex}"))
+            crc = os.path.join(directory, f".{batch}.crc")
+            if os.path.exists(crc):
+                os.unlink(crc)
+            log.warning(
+                "fanout checkpoint: %s/%d was torn (left by a power cut); set aside",
+                log_name,
+                batch,
+            )
+            set_aside.append(path)
+        if set_aside:
+            sync_directory(directory)
+    return set_aside
+
+
+def _sound(path: str) -> bool:
+    """Whether a log file is whole: a version line, then JSON lines (``-``: a source with no
+    offset yet)."""
+    with open(path, "rb") as f:
+        text = f.read()
+    lines = [line for line in text.split(b"\n") if line.strip()]
+    if len(lines) < 2 or not re.fullmatch(rb"v\d+", lines[0].strip()):
+        return False
+    for line in lines[1:]:
+        if line.strip() == b"-":
+            continue
+        try:
+            json.loads(line)
+        except ValueError:
+            return False
+    return True
