@@ -30,6 +30,7 @@ from queue_engine.broker import Broker
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.history import KEEP_S, History
 from queue_engine.names import require_channel, require_topic
+from queue_engine.storage_health import STORAGE
 from queue_engine.store.commit_log import recent_writes
 from queue_engine.store.ledger import events_from_arrow
 from queue_engine.store.tables import LEDGER_SCHEMA
@@ -149,7 +150,9 @@ async def overview(request: Request) -> Response:
                 **history.latest_rates(t.name),
             }
         )
-    return ok_json({"topics": topics, "sampled_every_s": SAMPLE_EVERY_S})
+    return ok_json(
+        {"topics": topics, "sampled_every_s": SAMPLE_EVERY_S, "storage": STORAGE.report()}
+    )
 
 
 @router.get(

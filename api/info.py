@@ -18,6 +18,7 @@ from queue_engine import NSQD_VERSION, __version__
 from queue_engine.broker import Broker
 from queue_engine.channel import ConsumerSeen
 from queue_engine.stats import TopicStats
+from queue_engine.storage_health import STORAGE
 
 router = APIRouter(tags=["info"])
 
@@ -31,7 +32,9 @@ _BOOL = {"true": True, "1": True, "false": False, "0": False}
     responses={200: {"content": {"text/plain": {"example": "OK"}}}},
 )
 async def ping() -> Response:
-    return Response("OK", media_type=TEXT_TYPE)
+    # As nsqd: 500 with the health string while writes fail (its disk queue's errors).
+    health = STORAGE.health()
+    return Response(health, status_code=200 if health == "OK" else 500, media_type=TEXT_TYPE)
 
 
 @router.get("/info", summary="Version and addresses, nsqd's shape", response_class=Response)
@@ -57,6 +60,7 @@ async def info(request: Request) -> Response:
     body.update(await _nodes_json(broker))
     # Topics whose tables deltaq refuses (a Delta feature it cannot keep working with).
     body["refused_topics"] = {t.name: t.refused for t in broker.stats() if t.refused}
+    body["storage"] = STORAGE.report()
     jobs = _jobs(request)
     if jobs is not None:
         body["jobs"] = jobs
@@ -217,7 +221,7 @@ async def stats(
     missing = bool(topic) and topic not in broker.registry.topics
     body: dict[str, Any] = {
         "version": NSQD_VERSION,
-        "health": "OK",
+        "health": STORAGE.health(),
         "start_time": int(broker.started_at),
         # As nsqd: null for a topic that does not exist (its nil slice), else a list (empty
         # when nothing matched a channel filter, or there are no topics).
@@ -229,6 +233,7 @@ async def stats(
     body.update(await _nodes_json(broker))
     # Topics whose tables deltaq refuses (a Delta feature it cannot keep working with).
     body["refused_topics"] = {t.name: t.refused for t in broker.stats() if t.refused}
+    body["storage"] = STORAGE.report()
     jobs = _jobs(request)
     if jobs is not None:
         body["jobs"] = jobs

@@ -139,8 +139,9 @@ def reader(request: Request) -> BodyReader:
         "The raw body is the message. With `defer=MS` the message is not delivered before "
         "MS milliseconds (0..max_req_timeout_ms); with `ttl_ms=MS` it is never delivered "
         "once MS milliseconds have passed since publishing (it is expired instead; this "
-        "replaces the topic's TTL). `OK` means the message is in a committed "
-        'Delta version (with `ack = "buffer"`: queued for the next commit).'
+        "replaces the topic's TTL). `OK` means the message is durable: in the "
+        'node\'s fsync\'d journal (`ack = "journal"`) or a synced Delta commit (`ack = "commit"`); '
+        'with `ack = "buffer"`: queued for the next commit.'
     ),
     response_class=Response,
     responses={

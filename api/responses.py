@@ -154,6 +154,8 @@ def queue_error_body(exc: QueueError) -> bytes:
             payload["param"] = exc.param
         if exc.detail:
             payload["reason"] = exc.detail
+    if exc.cause is not None:
+        payload["reason"] = exc.cause
     if exc.failed is not None:
         payload["failed"] = exc.failed
     if isinstance(exc, ChannelElsewhereError):

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.storage_health import commit_failed
 from queue_engine.store.append import ConstraintViolation
 from queue_engine.store.table_features import TableRefusedError
 
@@ -41,7 +42,7 @@ def commit_error(error: BaseException) -> QueueError:
         return QueueError(ErrorCode.E_TABLE_REFUSED, error.reason)
     if isinstance(error, ConstraintViolation):
         return QueueError(ErrorCode.E_CONSTRAINT_VIOLATED, error.reason)
-    return QueueError(ErrorCode.E_COMMIT_FAILED, str(error))
+    return commit_failed(error)
 
 
 def resolve(futures: Iterable[asyncio.Future[None]], error: BaseException | None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from enum import StrEnum
 
 
@@ -93,6 +94,32 @@ class QueueError(Exception):
         self.failed = failed
         # For E_INVALID: the request parameter that was wrong ("max", "id", "body", ...).
         self.param = param
+        # A cause the client can act on (a full disk), answered as ``reason`` beside the code.
+        self.cause: str | None = None
+
+
+DISK_FULL = "no space left on the warehouse's device"
+QUOTA_EXCEEDED = "the warehouse's disk quota is exhausted"
+
+
+def storage_cause(error: BaseException | None) -> str | None:
+    """What a failed write says about the warehouse's storage, read from the whole chain of
+    errors (delta-rs and Arrow wrap the OS error in text): ``DISK_FULL``, ``QUOTA_EXCEEDED``
+    or None."""
+    seen = 0
+    while error is not None and seen < 20:
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return DISK_FULL
+        if isinstance(error, OSError) and error.errno == errno.EDQUOT:
+            return QUOTA_EXCEEDED
+        text = str(error)
+        if "No space left on device" in text or "os error 28" in text:
+            return DISK_FULL
+        if "Disk quota exceeded" in text or "os error 122" in text:
+            return QUOTA_EXCEEDED
+        error = error.__cause__ or error.__context__
+        seen += 1
+    return None
 
 
 class ChannelElsewhereError(QueueError):

@@ -249,7 +249,12 @@ async function refresh() {
   try {
     const overview = await api("GET", "/console/api/overview");
     render(overview);
-    setStatus(`updated ${new Date().toLocaleTimeString()}`);
+    const problem = overview.storage && overview.storage.problem;
+    if (problem) {
+      setStatus(`writes fail: ${problem} (${overview.storage.refused} refused)`, true);
+    } else {
+      setStatus(`updated ${new Date().toLocaleTimeString()}`);
+    }
     document.body.dataset.refreshed = String(Date.now());
     if (state.selected) await drawChart();
   } catch (e) {

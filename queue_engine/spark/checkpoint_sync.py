@@ -73,6 +73,13 @@ def repair_checkpoint(location: str) -> list[str]:
     if root is None or not os.path.isdir(root):
         return []
     set_aside: list[str] = []
+    metadata = os.path.join(root, "metadata")
+    if os.path.exists(metadata) and not _sound_metadata(metadata):
+        # Synced with the first batch's offsets: torn, no batch ever reached a channel, and
+        # Spark starts the query afresh.
+        _set_aside(root, metadata, "metadata")
+        set_aside.append(metadata)
+        sync_directory(root)
     for log_name in ("offsets", "commits"):
         directory = os.path.join(root, log_name)
         try:
@@ -90,12 +97,7 @@ def repair_checkpoint(location: str) -> list[str]:
                 if os.path.exists(crc):
                     os.unlink(crc)
                 break
-            aside = os.path.join(root, SET_ASIDE_DIR)
-            os.makedirs(aside, exist_ok=True)
-            os.replace(path, os.path.join(aside, f"{log_name}-{batch}-{uuid.uuid4().hex}"))
-            crc = os.path.join(directory, f".{batch}.crc")
-            if os.path.exists(crc):
-                os.unlink(crc)
+            _set_aside(root, path, f"{log_name}-{batch}")
             log.warning(
                 "fanout checkpoint: %s/%d was torn (left by a power cut); set aside",
                 log_name,
@@ -105,6 +107,25 @@ def repair_checkpoint(location: str) -> list[str]:
         if set_aside:
             sync_directory(directory)
     return set_aside
+
+
+def _set_aside(root: str, path: str, name: str) -> None:
+    """Move a torn log file out of Spark's way (kept for a look), with its Hadoop checksum."""
+    aside = os.path.join(root, SET_ASIDE_DIR)
+    os.makedirs(aside, exist_ok=True)
+    os.replace(path, os.path.join(aside, f"{name}-{uuid.uuid4().hex}"))
+    directory, base = os.path.split(path)
+    crc = os.path.join(directory, f".{base}.crc")
+    if os.path.exists(crc):
+        os.unlink(crc)
+
+
+def _sound_metadata(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return "id" in json.loads(f.read().splitlines()[0])
+    except (ValueError, IndexError):
+        return False
 
 
 def _sound(path: str) -> bool:

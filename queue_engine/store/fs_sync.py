@@ -111,6 +111,18 @@ def sync_commits(table: str, first: int, last: int) -> None:
         sync_directory(directory)
 
 
+def sync_created(path: str) -> None:
+    """Make a table delta-rs just created durable: its first commit, and the new directories'
+    names up to the warehouse (a table lives at most three levels below it)."""
+    if is_remote(path):
+        return
+    sync_commits(path, 0, 0)
+    directory = os.path.dirname(os.path.abspath(local_path(path)))
+    for _ in range(3):
+        sync_directory(directory)
+        directory = os.path.dirname(directory)
+
+
 def sync_checkpoint(table: str) -> None:
     """Make a local table's newest checkpoint (named by ``_last_checkpoint``) durable."""
     if is_remote(table):

@@ -32,6 +32,8 @@ import pyarrow as pa
 from deltalake.transaction import Transaction
 from prometheus_client import Histogram
 
+from queue_engine.errors import storage_cause
+from queue_engine.storage_health import STORAGE
 from queue_engine.store.append import (
     Appender,
     ConstraintViolation,
@@ -327,8 +329,13 @@ class GroupCommitter(ABC, Generic[T]):
         except TableRefusedError as exc:
             return exc
         except BaseException as exc:  # reported to every submitter of the batch
-            log.exception("commit to %s failed (%d submissions)", self.path, len(batch))
+            cause = storage_cause(exc)
+            if cause is None:
+                log.exception("commit to %s failed (%d submissions)", self.path, len(batch))
+            else:
+                STORAGE.failed(cause)  # one line per episode, not one per retry
             return exc
+        STORAGE.succeeded()
         return None
 
     def _dropped(self, items: list[T]) -> None:

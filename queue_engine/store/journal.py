@@ -33,6 +33,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from queue_engine.errors import storage_cause
+from queue_engine.storage_health import STORAGE
 from queue_engine.store.fs_sync import sync_directory
 from queue_engine.store.journal_format import Record, decode, encode
 from queue_engine.store.object_store import (
@@ -292,8 +294,13 @@ class Journal:
         records = write.records
         error = write.future.exception()
         if error is not None:
-            log.error("writing %d publishes to the journal failed: %s", len(records), error)
+            cause = storage_cause(error)
+            if cause is None:
+                log.error("writing %d publishes to the journal failed: %s", len(records), error)
+            else:
+                STORAGE.failed(cause)  # one line per episode
         else:
+            STORAGE.succeeded()
             if self._remote:
                 first, last = records[0].position, records[-1].position
                 self._segments.append(_Segment(_object_name(first, last), first, last))

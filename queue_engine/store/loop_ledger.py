@@ -23,9 +23,10 @@ import asyncio
 import logging
 import time
 
-from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.errors import QueueError
 from queue_engine.lease import LeaseEvent
 from queue_engine.metrics import ledger_histogram
+from queue_engine.storage_health import STORAGE, commit_failed
 from queue_engine.store.append import (
     Appender,
     LocalAppender,
@@ -136,8 +137,11 @@ class LoopLedgerWriter:
             if self._histogram is not None:
                 self._histogram.observe(time.perf_counter() - started)
         except Exception as exc:  # reported to every request of the batch
-            log.exception("commit to %s failed (%d requests)", self.name, len(batch))
-            error = QueueError(ErrorCode.E_COMMIT_FAILED, str(exc))
+            error = commit_failed(exc)
+            if error.cause is None:  # a storage cause is logged once per episode
+                log.exception("commit to %s failed (%d requests)", self.name, len(batch))
+        else:
+            STORAGE.succeeded()
         for _, future in batch:
             if future.done():
                 continue

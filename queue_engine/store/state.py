@@ -9,6 +9,7 @@ after that version; Delta's history of the table answers "what was in flight at 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,10 +17,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import TableNotFoundError
 
 from queue_engine.lease import FRESH, MessageState, Status
 from queue_engine.store.commit_log import commit_info
-from queue_engine.store.fs_sync import sync_commits
+from queue_engine.store.fs_sync import sync_commits, sync_created
 
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -191,16 +193,21 @@ def read_state(path: str, meta: StateMeta) -> pa.Table:
 
 def write_state(path: str, rows: pa.Table, meta: StateMeta) -> int:
     """Replace the table's rows with ``rows`` in one commit carrying ``meta``."""
-    dt = DeltaTable(path)
-    before = int(dt.version())
+    target: DeltaTable | str = path
+    before = -1
+    with contextlib.suppress(TableNotFoundError):  # the first sweep creates it
+        target = DeltaTable(path)
+        before = int(target.version())
     write_deltalake(
-        dt,
+        target,
         rows.select(STATE_SCHEMA.names).cast(STATE_SCHEMA),
         mode="overwrite",
         schema_mode="overwrite",
         commit_properties=CommitProperties(custom_metadata=meta.to_commit_info()),
     )
-    version = int(dt.version())
+    version = int(DeltaTable(path).version()) if isinstance(target, str) else int(target.version())
+    if before < 0:
+        sync_created(path)
     sync_commits(path, before + 1, version)
     return version
 

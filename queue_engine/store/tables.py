@@ -14,7 +14,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.schema import Field as DeltaField
 
 from queue_engine.names import path_segment
-from queue_engine.store.fs_sync import local_path, sync_commits, sync_directory
+from queue_engine.store.fs_sync import sync_commits, sync_created
 from queue_engine.store.object_store import is_remote
 from queue_engine.store.table_features import TableRefusedError
 from queue_engine.store.torn_tail import repair_once
@@ -197,18 +197,6 @@ class TableDamagedError(TableRefusedError):
 
     def __init__(self, path: str, detail: str) -> None:
         super().__init__(path, "a damaged log", f"its log cannot be read ({detail})")
-
-
-def sync_created(path: str) -> None:
-    """Make a table delta-rs just created durable: its first commit, and the new directories'
-    names up to the warehouse (a table lives at most three levels below it)."""
-    if is_remote(path):
-        return
-    sync_commits(path, 0, 0)
-    directory = os.path.dirname(os.path.abspath(local_path(path)))
-    for _ in range(3):
-        sync_directory(directory)
-        directory = os.path.dirname(directory)
 
 
 def add_missing_columns(dt: DeltaTable, schema: pa.Schema) -> DeltaTable:

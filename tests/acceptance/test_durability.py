@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import http.client
+import os
 import re
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -269,3 +271,98 @@ def test_a_start_past_its_open_budget_serves_and_opens_the_rest_behind(
     assert all([c["channel_name"] for c in t["channels"]] == ["c"] for t in topics)
     ids = read_topic(warehouse, "t19").column("id").to_pylist()
     assert len(set(ids)) == 2
+
+
+@pytest.mark.slow
+def test_a_full_disk_is_named_and_nothing_acknowledged_is_lost(
+    server_factory: type[Server], tmp_path: Path
+) -> None:
+    """The warehouse on a 30 MiB tmpfs, /mpub in a loop until the disk is full: the answers,
+    /stats, /ping and one log line say why; once space is back publishing resumes, and a
+    restart finds every acknowledged message once."""
+    import httpx
+
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=30m", "tmpfs", str(small)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        # Space to give back once the disk is full.
+        filler = small / "filler"
+        filler.write_bytes(b"\0" * (8 << 20))
+        warehouse = small / "wh"
+        log_path = tmp_path / "server.log"
+        env = {"DELTAQ_JOURNAL_SEGMENT_BYTES": str(1 << 20)}
+        server = server_factory(warehouse, env=env, log_path=log_path).start()
+        acked: list[bytes] = []
+        refusals: list[httpx.Response] = []
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            for i in range(2000):
+                # Bodies that do not compress: the topic's files grow as fast as the journal.
+                batch = [f"{i}-{k}-{os.urandom(1000).hex()}".encode() for k in range(50)]
+                r = c.post("/mpub", params={"topic": "full"}, content=b"\n".join(batch))
+                if r.status_code == 200:
+                    acked += batch
+                else:
+                    refusals.append(r)
+                    if len(refusals) >= 5:
+                        break
+            assert acked and len(refusals) == 5, "the disk never filled"
+            for r in refusals:
+                assert r.status_code == 503
+                assert r.json() == {
+                    "message": "E_COMMIT_FAILED",
+                    "reason": "no space left on the warehouse's device",
+                }
+            stats = c.get("/stats", params={"format": "json"}).json()
+            assert stats["health"] == "NOK - no space left on the warehouse's device"
+            assert stats["storage"]["problem"] == "no space left on the warehouse's device"
+            assert stats["storage"]["refused"] >= 5
+            ping = c.get("/ping")
+            assert (ping.status_code, ping.text) == (
+                500,
+                "NOK - no space left on the warehouse's device",
+            )
+
+            filler.unlink()  # space is back
+            deadline = time.monotonic() + 30
+            while True:
+                r = c.post("/mpub", params={"topic": "full"}, content=b"back-1\nback-2")
+                if r.status_code == 200:
+                    acked += [b"back-1", b"back-2"]
+                    break
+                assert time.monotonic() < deadline, r.text
+                time.sleep(0.5)
+            # Health is OK again once writes have succeeded for a moment (producers go on).
+            deadline = time.monotonic() + 30
+            n = 0
+            while c.get("/ping").text != "OK":
+                assert time.monotonic() < deadline, "health stayed NOK once space was back"
+                more = f"more-{n}".encode()
+                n += 1
+                assert c.post("/pub", params={"topic": "full"}, content=more).text == "OK"
+                acked.append(more)
+                time.sleep(0.2)
+        server.stop()
+        said = log_path.read_text(errors="replace")
+        assert said.count("writes to the warehouse fail: no space left") == 1, said[-3000:]
+        assert (
+            "Traceback"
+            not in said.split("writes to the warehouse fail", 1)[1].split(
+                "writes to the warehouse succeed again", 1
+            )[0]
+        ), "the episode logged tracebacks"
+
+        server_factory(warehouse, env=env, log_path=log_path).start()
+        counts: dict[bytes, int] = {}
+        for b in read_topic(warehouse, "full")["body"].to_pylist():
+            counts[b] = counts.get(b, 0) + 1
+        assert [b for b in acked if b not in counts] == []
+        assert max(counts.values()) == 1
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
