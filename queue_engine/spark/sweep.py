@@ -57,6 +57,7 @@ from queue_engine.store.tables import (
     Warehouse,
     parquet_dataset,
 )
+from queue_engine.store.torn_tail import repair_once
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,8 @@ def plan(
         for channel in sorted(topic.channels):
             root = warehouse.channel_root(topic.name, channel)
             state_path = warehouse.channel_state_path(topic.name, channel)
+            for table in (state_path, f"{root}/ledger", f"{root}/messages"):
+                repair_once(table)  # what a power cut left at a table's tail
             created = topic.channels[channel].created_at_us
             meta = current_meta(known.get((topic.name, channel)), created, state_path)
             if meta is not None and marks is not None:
