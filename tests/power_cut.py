@@ -4,18 +4,25 @@ file system on mfusepy and Debian's fuse3) mounted over a directory of the test'
 from __future__ import annotations
 
 import contextlib
+import http.client
 import importlib.util
 import os
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import httpx
 import psutil
+from deltalake import DeltaTable
 
-from tests.conftest import ROOT
+from tests.conftest import HOST, ROOT, Server
+from tests.consumers import answer, body, sub
 
 POWERCUT = ROOT.parent / "shared" / "tools" / "powercut"
 
@@ -110,3 +117,156 @@ def _tree(pids: tuple[int, ...]) -> list[psutil.Process]:
 def _signal(p: psutil.Process, sig: signal.Signals) -> None:
     with contextlib.suppress(psutil.NoSuchProcess):
         p.send_signal(sig)
+
+
+class Load:
+    """Producers and consumers on one server until told to stop; what each was told OK."""
+
+    def __init__(
+        self,
+        server: Server,
+        topic: str,
+        channel: str,
+        prefix: str,
+        pace_s: float = 0.0,
+        new_topics: bool = True,
+    ) -> None:
+        self.server = server
+        self.pace_s = pace_s  # a pause after each request (the Spark tests' disk is slow)
+        self.topic = topic
+        self.channel = channel
+        self.prefix = prefix
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.acked: list[bytes] = []  # bodies whose publish was answered OK
+        self.new_topics: dict[str, list[bytes]] = {}
+        self.finished: set[bytes] = set()  # bodies whose HTTP /fin was answered OK
+        self.threads = [
+            threading.Thread(target=self._http_pub, args=(n,), daemon=True) for n in range(3)
+        ]
+        self.threads.append(threading.Thread(target=self._http_mpub, daemon=True))
+        self.threads.append(threading.Thread(target=self._tcp_pub, daemon=True))
+        if new_topics:
+            self.threads.append(threading.Thread(target=self._new_topics, daemon=True))
+        self.threads.append(threading.Thread(target=self._http_fin, daemon=True))
+
+    def start(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def halt(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(15)
+
+    def _ok(self, bodies: list[bytes], topic: str | None = None) -> None:
+        with self.lock:
+            if topic is None:
+                self.acked.extend(bodies)
+            else:
+                self.new_topics.setdefault(topic, []).extend(bodies)
+
+    def _http_pub(self, n: int) -> None:
+        conn = http.client.HTTPConnection(HOST, self.server.port, timeout=10)
+        i = 0
+        while not self.stop.is_set():
+            b = f"{self.prefix}-h{n}-{i}".encode()
+            i += 1
+            try:
+                conn.request("POST", f"/pub?topic={self.topic}", body=b)
+                r = conn.getresponse()
+                if r.read() == b"OK" and r.status == 200:
+                    self._ok([b])
+            except (OSError, http.client.HTTPException):
+                return
+            self.stop.wait(self.pace_s)
+
+    def _http_mpub(self) -> None:
+        conn = http.client.HTTPConnection(HOST, self.server.port, timeout=10)
+        i = 0
+        while not self.stop.is_set():
+            batch = [f"{self.prefix}-m{i}-{k}".encode() for k in range(20)]
+            i += 1
+            try:
+                conn.request("POST", f"/mpub?topic={self.topic}", body=b"\n".join(batch))
+                r = conn.getresponse()
+                if r.read() == b"OK" and r.status == 200:
+                    self._ok(batch)
+            except (OSError, http.client.HTTPException):
+                return
+            self.stop.wait(10 * self.pace_s)
+
+    def _tcp_pub(self) -> None:
+        try:
+            s = socket.create_connection((HOST, self.server.tcp_port), timeout=10)
+            s.sendall(b"  V2")
+            i = 0
+            while not self.stop.is_set():
+                b = f"{self.prefix}-t-{i}".encode()
+                i += 1
+                s.sendall(f"PUB {self.topic}\n".encode() + struct.pack(">i", len(b)) + b)
+                answer = frame(s)
+                while answer == (0, b"_heartbeat_"):  # not this PUB's answer: NOP, read on
+                    s.sendall(b"NOP\n")
+                    answer = frame(s)
+                if answer == (0, b"OK"):
+                    self._ok([b])
+                self.stop.wait(self.pace_s)
+        except OSError:
+            return
+
+    def _new_topics(self) -> None:
+        """Each publish to a topic it creates (the registry, then the table, then the ack)."""
+        conn = http.client.HTTPConnection(HOST, self.server.port, timeout=10)
+        i = 0
+        while not self.stop.is_set():
+            topic = f"{self.prefix}-new-{i}"
+            b = f"{topic}-first".encode()
+            i += 1
+            try:
+                conn.request("POST", f"/pub?topic={topic}", body=b)
+                r = conn.getresponse()
+                if r.read() == b"OK" and r.status == 200:
+                    self._ok([b], topic)
+            except (OSError, http.client.HTTPException):
+                return
+            self.stop.wait(max(0.05, 10 * self.pace_s))
+
+    def _http_fin(self) -> None:
+        with httpx.Client(base_url=self.server.url, timeout=10) as c:
+            while not self.stop.is_set():
+                try:
+                    got = sub(c, self.topic, self.channel, max=20, wait_ms=200)
+                    if got and answer(c, "fin", self.topic, self.channel, *got).text == "OK":
+                        with self.lock:
+                            self.finished.update(body(m) for m in got)
+                except (httpx.HTTPError, AssertionError, OSError):
+                    return
+
+
+def frame(s: socket.socket) -> tuple[int, bytes]:
+    head = _read(s, 8)
+    size, kind = struct.unpack(">ii", head)
+    return kind, _read(s, size - 4)
+
+
+def _read(s: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = s.recv(n - len(data))
+        if not chunk:
+            raise OSError("closed")
+        data += chunk
+    return data
+
+
+def count(path: Path) -> int:
+    try:
+        return int(DeltaTable(str(path)).to_pyarrow_table(columns=["id"]).num_rows)
+    except Exception:  # not created yet
+        return 0
+
+
+def table_bodies(path: Path) -> list[bytes]:
+    return list(DeltaTable(str(path)).to_pyarrow_table()["body"].to_pylist())

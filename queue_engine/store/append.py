@@ -322,6 +322,7 @@ def put_log_entry(
     # The commit's bytes are durable before its name appears (already so when written with
     # write_synced: a second fdatasync of a clean file returns at once).
     sync_file(staging)
+    log_dir = os.path.abspath(log_dir)
     version = first_version
     for _ in range(_MAX_COMMIT_RACES):
         target = os.path.join(log_dir, f"{version:020d}.json")

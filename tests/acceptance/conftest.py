@@ -12,6 +12,7 @@ from pyspark.sql import SparkSession
 
 from queue_engine.spark.fanout_stream import start_fanout
 from queue_engine.store.tables import Warehouse
+from tests import power_cut
 from tests.conftest import Server
 from tests.s3 import S3Server, free_port, moto_server_command
 
@@ -48,3 +49,11 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     server.create_bucket(BUCKET)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[power_cut.PowerCutDisk]:
+    """A power-cut file system mounted for the test (tests.power_cut)."""
+    d = power_cut.PowerCutDisk(tmp_path).mount()
+    yield d
+    d.unmount()

@@ -1,0 +1,192 @@
+"""Power cuts under ``deltaq up``: producers over HTTP and TCP, consumers FIN'ing over HTTP and
+TCP, the fanout and the sweep on local Spark, all on a disk that forgets every byte not
+fsync'd. After each cut deltaq up starts again; every acknowledged message is in its channel's
+table exactly once, and nothing whose /fin was answered OK is delivered again."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests import power_cut
+from tests.conftest import HOST, ROOT, Server, free_port
+from tests.consumers import answer, body, create_channel, sub
+from tests.power_cut import Load, count, frame, table_bodies
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(power_cut.missing() is not None, reason=str(power_cut.missing())),
+]
+
+
+class Up:
+    """``deltaq up`` on a warehouse: the API, and the fanout and the sweep on local Spark."""
+
+    def __init__(self, warehouse: Path, log_path: Path, env: dict[str, str]) -> None:
+        self.warehouse = warehouse
+        self.log_path = log_path
+        self.env = env
+        self.port, self.tcp_port = free_port(), free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def start(self) -> Up:
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        env["DELTAQ_SPARK_CONNECT_PORT"] = str(free_port())
+        mark = self.log_path.read_text(errors="replace").count("deltaq ready: ") + 1
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    *(sys.executable, "-m", "deltaq", "up", "--warehouse", str(self.warehouse)),
+                    *("--port", str(self.port), "--tcp-port", str(self.tcp_port)),
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 180
+        while self.log_path.read_text(errors="replace").count("deltaq ready: ") < mark:
+            assert self.process.poll() is None, self.log_path.read_text(errors="replace")[-4000:]
+            assert time.monotonic() < deadline, "deltaq up did not get ready"
+            time.sleep(0.2)
+        return self
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        children = psutil.Process(self.process.pid).children(recursive=True)
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+
+
+class TcpConsumer(threading.Thread):
+    """NSQ's TCP protocol by hand: SUB, RDY, and a FIN for every message."""
+
+    def __init__(self, port: int, topic: str, channel: str) -> None:
+        super().__init__(daemon=True)
+        self.port, self.topic, self.channel = port, topic, channel
+        self.stop = threading.Event()
+        self.finished = 0
+
+    def run(self) -> None:
+        try:
+            s = socket.create_connection((HOST, self.port), timeout=5)
+            s.sendall(b"  V2" + f"SUB {self.topic} {self.channel}\n".encode())
+            if frame(s) != (0, b"OK"):
+                return
+            s.sendall(b"RDY 50\n")
+            while not self.stop.is_set():
+                try:
+                    kind, data = frame(s)
+                except TimeoutError:
+                    continue
+                if kind == 0 and data == b"_heartbeat_":
+                    s.sendall(b"NOP\n")
+                elif kind == 2:
+                    s.sendall(b"FIN " + data[10:26] + b"\n")
+                    self.finished += 1
+        except OSError:
+            return
+
+
+# Two cuts with the journal acknowledging, one with commits acknowledging (publishing under
+# both is cut three times each in test_power_cut.py; consuming, the fanout and the sweep do not
+# depend on the mode, and each deltaq up start on this disk takes ~30 s).
+@pytest.mark.parametrize(("ack", "cuts"), [("journal", 2), ("commit", 1)])
+def test_up_after_power_cuts_channels_hold_every_message_once_and_fins_hold(
+    disk: power_cut.PowerCutDisk, tmp_path: Path, ack: str, cuts: int
+) -> None:
+    warehouse = disk.mnt / "wh"
+    env = {
+        "DELTAQ_ACK": ack,
+        "DELTAQ_JOURNAL_SEGMENT_BYTES": "65536",
+        "DELTAQ_MSG_TIMEOUT_MS": "3000",
+        # Fewer, larger topic commits: every file read and written passes through the
+        # power-cut file system's Python, on the same two cores as Spark.
+        "DELTAQ_DRAIN_LINGER_MS": "500",
+        "DELTAQ_SWEEP_INTERVAL_S": "1",
+        "DELTAQ_CHECKPOINT_INTERVAL_COMMITS": "5",
+        "DELTAQ_CHECKPOINT_MIN_INTERVAL_S": "0.5",
+        "DELTAQ_MAINTENANCE_INTERVAL_MS": "200",
+    }
+    rng = random.Random(int(os.environ.get("POWER_CUT_SEED", time.time_ns())))
+    up = Up(warehouse, tmp_path / "up.log", env)
+    up.log_path.touch()
+    up.start()
+    acked: list[bytes] = []
+    finished: set[bytes] = set()
+    channel_table = warehouse / "channels" / "cut" / "c" / "messages"
+    try:
+        with httpx.Client(base_url=up.url, timeout=10) as c:
+            create_channel(c, "cut", "c")
+        for round_ in range(cuts):
+            server = Server(warehouse, port=up.port, tcp_port=up.tcp_port)
+            # Topics created by their first publish are the API test's: each is a table more
+            # for the fanout to read through the power-cut file system.
+            load = Load(server, "cut", "c", f"r{round_}", pace_s=0.05, new_topics=False)
+            load.start()
+            tcp = TcpConsumer(up.tcp_port, "cut", "c")
+            tcp.start()
+            # The cut lands while the fanout copies this round's messages.
+            fanned = count(channel_table)
+            deadline = time.monotonic() + 120
+            while count(channel_table) <= fanned:
+                assert time.monotonic() < deadline, "the fanout copied nothing"
+                time.sleep(0.2)
+            time.sleep(rng.uniform(0.5, 4.0))
+            assert up.process is not None
+            disk.cut(up.process.pid)
+            load.halt()
+            tcp.stop.set()
+            acked += load.acked
+            finished |= load.finished
+            assert load.acked, f"round {round_}: nothing was acknowledged before the cut"
+            up.start()
+
+        with httpx.Client(base_url=up.url, timeout=30) as c:
+            # Every acknowledged message reaches the channel's table exactly once.
+            topic = Counter(table_bodies(warehouse / "topics" / "cut"))
+            assert [b for b in acked if b not in topic] == []
+            assert [b for b, n in topic.items() if n > 1] == []
+            deadline = time.monotonic() + 60
+            while len(rows := table_bodies(channel_table)) < len(topic):
+                assert time.monotonic() < deadline, f"{len(rows)} of {len(topic)} fanned out"
+                time.sleep(0.5)
+            assert Counter(rows) == topic
+            # Nothing whose /fin was answered OK is delivered again: drain the channel
+            # (leases the cut left behind expire and come back through the sweep).
+            again: list[bytes] = []
+            quiet_since = time.monotonic()
+            while time.monotonic() - quiet_since < 8:
+                got = sub(c, "cut", "c", max=500, wait_ms=1000)
+                if got:
+                    quiet_since = time.monotonic()
+                    again += [body(m) for m in got]
+                    assert answer(c, "fin", "cut", "c", *got).text == "OK"
+            assert finished, "no /fin was answered before the cuts"
+            assert sorted(finished & set(again)) == []
+    finally:
+        up.stop()
