@@ -319,17 +319,18 @@ def put_log_entry(
     version another writer took first, ``check_winner`` gets that commit's actions and raises
     if this commit must not follow it. Returns the version taken; ``staging`` is gone then,
     and left for the caller to remove when this raises."""
-    # The commit's bytes are durable before its name appears (already so when written with
-    # write_synced: a second fdatasync of a clean file returns at once).
-    sync_file(staging)
+    # What the commit names is durable before the commit's name appears: its data files'
+    # names in the table root (their bytes were synced before they were renamed there), and
+    # the commit's own bytes (already so when written with write_synced: a second fdatasync
+    # of a clean file returns at once).
     log_dir = os.path.abspath(log_dir)
+    sync_directory(os.path.dirname(log_dir))
+    sync_file(staging)
     version = first_version
     for _ in range(_MAX_COMMIT_RACES):
         target = os.path.join(log_dir, f"{version:020d}.json")
         if move_if_absent(staging, target):
-            # The commit's name, then the data files' names in the table root.
             sync_directory(log_dir)
-            sync_directory(os.path.dirname(log_dir))
             return version
         with open(target, "rb") as f:
             check_winner([json.loads(line) for line in f if line.strip()])

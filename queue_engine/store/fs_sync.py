@@ -5,11 +5,12 @@ a file's bytes are durable once that file has been fsync'd, and a new name once 
 has been. ``syncfs``/``sync`` reach neither FUSE nor many network filesystems, so nothing here
 relies on them.
 
-deltaq's own writers sync as they go: a data file before the commit that names it, the commit
-file before it is moved into ``_delta_log``, then both directories. What delta-rs writes (table
-creation, its appends, checkpoints) is synced right after it returns (``sync_commits``): a cut
-in between can leave only the newest commit torn or naming a missing file, which
-``torn_tail`` recognises and sets aside before the table is opened again.
+deltaq's own writers sync as they go: a data file and then its name in the table directory
+before the commit that names it, the commit file before it is moved into ``_delta_log``, then
+``_delta_log``. What delta-rs writes (table creation, its appends, checkpoints) is synced right
+after it returns (``sync_commits``): a cut in between can leave only the newest commit torn or
+naming a missing file, which ``torn_tail`` recognises and sets aside before the table is
+opened again.
 
 Object stores need none of this: a PUT that answered is durable.
 """
