@@ -33,6 +33,7 @@ from queue_engine.stats import TopicStats
 from queue_engine.store.journal import journal_tokens
 from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
 from queue_engine.store.nodes import Node, NodeRecord
+from queue_engine.store.table_features import TableRefusedError
 from queue_engine.store.tables import Warehouse, delete_tree, list_dirs
 from queue_engine.topics import Topics
 
@@ -116,7 +117,12 @@ class Broker:
             for channel in list(topic.channels)
         )
         while (topics or channels) and time.monotonic() < deadline:
-            await self._open_next(topics, channels, nodes)
+            try:
+                await self._open_next(topics, channels, nodes)
+            except TableRefusedError as exc:
+                # A table damaged beyond what a power cut leaves: refused by name, the
+                # others serve (its requests answer E_TABLE_REFUSED).
+                log.error("not serving a table: %s", exc)
         if topics or channels:
             log.info(
                 "serving while %d topics and %d channels are still being opened",

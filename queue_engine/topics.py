@@ -37,6 +37,7 @@ from queue_engine.store.journal_format import Record
 from queue_engine.store.maintenance import Maintenance
 from queue_engine.store.notices import NoticeWriter, topic_writer
 from queue_engine.store.object_store import is_remote
+from queue_engine.store.table_features import TableRefusedError
 from queue_engine.store.tables import Warehouse, delete_tree
 from queue_engine.store.writer import CommitStats, TopicWriter, WriterClosedError
 
@@ -381,7 +382,10 @@ class Topics:
                 if cap and len(nr.registry.topics) >= cap:
                     raise QueueError(ErrorCode.E_TOO_MANY_TOPICS, f"{cap} topics (max_topics)")
                 await nr.record(Action.TOPIC_CREATE, name)
-            return await asyncio.to_thread(self.open, name)
+            try:
+                return await asyncio.to_thread(self.open, name)
+            except TableRefusedError as exc:  # a damaged log (TableDamagedError)
+                raise QueueError(ErrorCode.E_TABLE_REFUSED, exc.reason) from exc
 
     async def remove(self, name: str) -> None:
         """After its delete is recorded and its channels here are stopped: stop the topic's

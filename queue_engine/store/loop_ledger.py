@@ -1,13 +1,13 @@
-"""Group commit on the event loop: a local ledger's lease events committed without a thread.
+"""Group commit scheduled by the event loop: a local ledger's lease events, one commit in flight.
 
-The threaded ``LedgerWriter`` hands every batch to a commit thread and the result back to the
-loop. On a local warehouse a commit is ~0.5-1 ms of file calls, and each of them makes the
-commit thread win the GIL back from a busy loop (up to a switch interval each, ~10 per commit)
-plus two cross-thread wake-ups per request: measured, the hand-offs cost more than the commit.
-Here the loop commits itself: the first submission of a loop iteration schedules one flush
-(``call_soon``), and every submission made before it runs goes into the same Delta commit, so
-concurrent consumers still share commits. Used only when the fast local appender applies;
-ledgers on object stores, where a commit takes tens of ms, keep the thread.
+The threaded ``LedgerWriter`` wakes a commit thread for every batch and hands the result back
+to the loop. Here the loop decides when to commit: the first submission of a loop iteration
+schedules one flush (``call_soon``), and every submission made before it runs goes into the
+same Delta commit, so concurrent consumers still share commits. The commit itself (two files
+written and synced, the directories synced: ~2 ms of waiting for the disk, during which the
+loop must keep serving) runs on a small shared pool, one at a time per ledger; what arrives
+meanwhile goes into the next. Used only when the fast local appender applies; ledgers on
+object stores keep the thread.
 
 Submissions nobody waits on (a TCP connection's deliveries and FIN/REQ/TOUCH: ``lazy``) are
 committed at most once per ``linger_s``; one that a request waits on (HTTP /sub, /fin) commits
@@ -22,6 +22,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import pyarrow as pa
 
 from queue_engine.errors import QueueError
 from queue_engine.lease import LeaseEvent
@@ -72,6 +75,9 @@ class LoopLedgerWriter:
         self._reopen_requested = False
         self.own = OwnVersions()
         self._histogram = ledger_histogram(name) if name else None
+        # The commit on the pool (None: none), and whether a flush came while it ran.
+        self._in_flight: _Commit | None = None
+        self._again = False
 
     def submit_events(
         self, events: list[LeaseEvent], future: asyncio.Future[None], *, lazy: bool = False
@@ -105,13 +111,24 @@ class LoopLedgerWriter:
 
     def close(self) -> None:
         """Commit what is pending, then stop (later submits raise WriterClosedError). On the
-        loop this writer belongs to."""
+        loop this writer belongs to; it waits (blocking) for the commit in flight."""
         self._closed = True
-        self._flush()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._in_flight is not None:
+            self._in_flight.result_or_error()
+        batch, self._pending = self._pending, []
+        self._pending_events = 0
+        if batch:
+            self._landed(batch, _Commit.run(self, self._table(batch)))
         self._appender.close()
 
     async def aclose(self) -> None:
-        """``close``, called as the threaded writer's is (it commits on this loop)."""
+        """``close``, called as the threaded writer's is."""
+        while self._in_flight is not None:
+            await asyncio.wrap_future(self._in_flight.future)
+            await asyncio.sleep(0)  # its landing runs on the loop
         self.close()
 
     def _flush(self) -> None:
@@ -119,28 +136,62 @@ class LoopLedgerWriter:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._in_flight is not None:
+            self._again = True  # once the commit in flight lands
+            return
         batch, self._pending = self._pending, []
         self._pending_events = 0
         if not batch:
             return
         self._last_commit = self._loop.time()
+        commit = _Commit(self, self._table(batch))
+        self._in_flight = commit
+        commit.future.add_done_callback(
+            lambda _: self._loop.call_soon_threadsafe(self._commit_done, batch, commit)
+        )
+
+    def _table(self, batch: list[tuple[list[LeaseEvent], asyncio.Future[None]]]) -> pa.Table:
+        return events_to_arrow([event for events, _ in batch for event in events])
+
+    def _commit_done(
+        self, batch: list[tuple[list[LeaseEvent], asyncio.Future[None]]], commit: _Commit
+    ) -> None:
+        if self._in_flight is commit:
+            self._in_flight = None
+        self._landed(batch, commit.result_or_error())
+        if self._again and not self._closed:
+            self._again = False
+            if self._pending and not self._scheduled:
+                self._scheduled = True
+                self._loop.call_soon(self._flush)
+
+    def _append(self, table: pa.Table) -> int:
+        """The commit (on the pool)."""
+        if self._reopen_requested:
+            self._reopen_requested = False
+            self._appender.reopen()
+        started = time.perf_counter()
+        self._appender, version = append_or_fall_back(self._appender, self.path, table)
+        if self._histogram is not None:
+            self._histogram.observe(time.perf_counter() - started)
+        return version
+
+    def _landed(
+        self,
+        batch: list[tuple[list[LeaseEvent], asyncio.Future[None]]],
+        outcome: int | BaseException,
+    ) -> None:
+        """On the loop: a commit landed (its version) or failed; its requests are answered."""
         error: QueueError | None = None
-        try:
-            if self._reopen_requested:
-                self._reopen_requested = False
-                self._appender.reopen()
-            started = time.perf_counter()
-            table = events_to_arrow([event for events, _ in batch for event in events])
-            self._appender, version = append_or_fall_back(self._appender, self.path, table)
-            self.own.add(version)
-            self.version = max(self.version, version)
-            if self._histogram is not None:
-                self._histogram.observe(time.perf_counter() - started)
-        except Exception as exc:  # reported to every request of the batch
-            error = commit_failed(exc)
+        if isinstance(outcome, BaseException):
+            error = commit_failed(outcome)
             if error.cause is None:  # a storage cause is logged once per episode
-                log.exception("commit to %s failed (%d requests)", self.name, len(batch))
+                log.error(
+                    "commit to %s failed (%d requests)", self.name, len(batch), exc_info=outcome
+                )
         else:
+            self.own.add(outcome)
+            self.version = max(self.version, outcome)
             STORAGE.succeeded()
         for _, future in batch:
             if future.done():
@@ -149,6 +200,31 @@ class LoopLedgerWriter:
                 future.set_result(None)
             else:
                 future.set_exception(error)
+
+
+class _Commit:
+    """One ledger commit running on the shared pool."""
+
+    def __init__(self, writer: LoopLedgerWriter, table: pa.Table) -> None:
+        self.future: Future[int] = _POOL.submit(writer._append, table)
+
+    @staticmethod
+    def run(writer: LoopLedgerWriter, table: pa.Table) -> int | BaseException:
+        """The same commit, here and now (closing)."""
+        try:
+            return writer._append(table)
+        except Exception as exc:
+            return exc
+
+    def result_or_error(self) -> int | BaseException:
+        try:
+            return self.future.result()
+        except Exception as exc:
+            return exc
+
+
+# Ledger commits of every channel: mostly waiting for the disk's syncs (the GIL is free).
+_POOL = ThreadPoolExecutor(4, thread_name_prefix="deltaq-ledger-commit")
 
 
 def open_ledger_writer(

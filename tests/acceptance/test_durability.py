@@ -366,3 +366,29 @@ def test_a_full_disk_is_named_and_nothing_acknowledged_is_lost(
         assert max(counts.values()) == 1
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+def test_a_table_damaged_beyond_a_power_cut_is_refused_by_name_and_the_others_serve(
+    server_factory: type[Server], tmp_path: Path
+) -> None:
+    import httpx
+
+    warehouse = tmp_path / "wh"
+    server = server_factory(warehouse, env={"DELTAQ_ACK": "commit"}).start()
+    for topic in ("damaged", "fine"):
+        for n in range(3):
+            r = httpx.post(f"{server.url}/pub", params={"topic": topic}, content=b"m%d" % n)
+            assert r.text == "OK"
+    server.stop()
+    # Whole JSON that no reader can use: not what a power cut leaves, so not set aside.
+    first = warehouse / "topics" / "damaged" / "_delta_log" / f"{0:020d}.json"
+    first.write_text('{"metaData":{"id":5}}\n{"protocol":{"minReaderVersion":"one"}}\n')
+
+    restarted = server_factory(warehouse, env={"DELTAQ_ACK": "commit"}).start()
+    assert httpx.post(f"{restarted.url}/pub", params={"topic": "fine"}, content=b"x").text == "OK"
+    refused = httpx.post(f"{restarted.url}/pub", params={"topic": "damaged"}, content=b"x")
+    assert refused.status_code == 409
+    assert refused.json()["message"] == "E_TABLE_REFUSED"
+    assert "a damaged log" in refused.json()["reason"]
+    assert f"not serving a table: {warehouse / 'topics' / 'damaged'}" in restarted.log()
+    assert first.read_text().startswith('{"metaData":{"id":5}}')  # left as it was found
