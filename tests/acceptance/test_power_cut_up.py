@@ -112,13 +112,16 @@ class TcpConsumer(threading.Thread):
             return
 
 
-# The default ack only: test_power_cut.py cuts publishing three times under each mode, and
-# consuming, the fanout and the sweep do not depend on it. Each deltaq up start on this disk
-# takes ~30 s, a replayed fanout batch as long.
+# One ack mode per file (test_power_cut_up_commit.py has the other), so that the two run side
+# by side: each deltaq up start on this disk takes ~30 s, a replayed fanout batch as long.
 def test_up_after_power_cuts_channels_hold_every_message_once_and_fins_hold(
     disk: power_cut.PowerCutDisk, tmp_path: Path
 ) -> None:
-    ack, cuts = "journal", 2
+    cut_up_and_check(disk, tmp_path, ack="journal", cuts=2)
+
+
+def cut_up_and_check(disk: power_cut.PowerCutDisk, tmp_path: Path, *, ack: str, cuts: int) -> None:
+    """Cut deltaq up ``cuts`` times under load, then check the tables and the FINs."""
     warehouse = disk.mnt / "wh"
     env = {
         "DELTAQ_ACK": ack,
