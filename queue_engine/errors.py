@@ -86,6 +86,7 @@ class QueueError(Exception):
         failed: list[str] | None = None,
         *,
         param: str | None = None,
+        cause: str | None = None,
     ) -> None:
         super().__init__(f"{code}: {detail}" if detail else str(code))
         self.code = code
@@ -95,7 +96,7 @@ class QueueError(Exception):
         # For E_INVALID: the request parameter that was wrong ("max", "id", "body", ...).
         self.param = param
         # A cause the client can act on (a full disk), answered as ``reason`` beside the code.
-        self.cause: str | None = None
+        self.cause = cause
 
 
 DISK_FULL = "no space left on the warehouse's device"

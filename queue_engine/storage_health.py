@@ -69,8 +69,7 @@ def commit_failed(error: BaseException) -> QueueError:
     """E_COMMIT_FAILED for a failed write, naming the cause where the storage says it (a full
     disk): the answer, the stats and the one log line per episode all say so."""
     cause = storage_cause(error)
-    failed = QueueError(ErrorCode.E_COMMIT_FAILED, cause or str(error))
-    failed.cause = cause
+    failed = QueueError(ErrorCode.E_COMMIT_FAILED, cause or str(error), cause=cause)
     if cause is not None:
         STORAGE.failed(cause)
     return failed

@@ -26,6 +26,14 @@ from tests.consumers import answer, body, sub
 
 POWERCUT = ROOT.parent / "shared" / "tools" / "powercut"
 
+# Settings under which a cut lands among journal rolls, checkpoints and table upkeep too.
+BUSY_DISK = {
+    "DELTAQ_JOURNAL_SEGMENT_BYTES": "65536",
+    "DELTAQ_CHECKPOINT_INTERVAL_COMMITS": "5",
+    "DELTAQ_CHECKPOINT_MIN_INTERVAL_S": "0.5",
+    "DELTAQ_MAINTENANCE_INTERVAL_MS": "200",
+}
+
 
 def missing() -> str | None:
     """Why power-cut tests cannot run here (None: they can)."""

@@ -183,10 +183,13 @@ def fanout_batch_by_spark(
     created: set[tuple[str, int]],
     notices: NoticeWriter | None = None,
     before_writes: Callable[[], object] | None = None,
+    versions: dict[tuple[str, int], int] | None = None,
 ) -> int:
     """Write one micro-batch into the channel tables with Spark's writer; return the number of
     channel tables written. ``created``: the (table, channel creation) pairs known to exist,
-    kept across batches (opening a table to check replays its log)."""
+    kept across batches (opening a table to check replays its log); ``versions``: their newest
+    versions known, kept the same way (the commits a write added are synced from there)."""
+    versions = {} if versions is None else versions
     started = time.perf_counter()
     if before_writes is not None:
         before_writes()
@@ -209,7 +212,10 @@ def fanout_batch_by_spark(
                 if (path, channel.created_at_us) not in created:
                     open_or_create(path, CHANNEL_MESSAGES_SCHEMA)
                     created.add((path, channel.created_at_us))
-                before = latest_version(path)
+                key = (path, channel.created_at_us)
+                before = versions.get(key)
+                if before is None:
+                    before = latest_version(path)
                 (
                     df.filter(
                         (F.col("topic") == topic)
@@ -224,7 +230,8 @@ def fanout_batch_by_spark(
                     .save(path)
                 )
                 # delta-spark does not sync what it writes: before Spark records the batch.
-                sync_commits(path, before + 1, latest_version(path, before))
+                versions[key] = latest_version(path, before)
+                sync_commits(path, before + 1, versions[key])
                 written += 1
                 wrote.append((topic, name))
     finally:
@@ -354,10 +361,19 @@ def start_fanout(
     else:
         format_name = channel_format
         created: set[tuple[str, int]] = set()
+        versions: dict[tuple[str, int], int] = {}
 
         def write(df: DataFrame, batch_id: int, ready: Callable[[], object] | None) -> None:
             fanout_batch_by_spark(
-                df, batch_id, registry_reader, warehouse, format_name, created, notices, ready
+                df,
+                batch_id,
+                registry_reader,
+                warehouse,
+                format_name,
+                created,
+                notices,
+                ready,
+                versions=versions,
             )
 
     pushing = ThreadPoolExecutor(1, thread_name_prefix="deltaq-checkpoint-push")

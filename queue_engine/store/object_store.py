@@ -280,8 +280,6 @@ def replace_whole(url: str, body: bytes) -> None:
         f.flush()
         os.fdatasync(f.fileno())
     os.replace(temporary, url)
-    directory = os.open(os.path.dirname(os.path.abspath(url)), os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    from queue_engine.store.fs_sync import sync_directory  # fs_sync imports this module
+
+    sync_directory(os.path.dirname(os.path.abspath(url)))

@@ -32,14 +32,10 @@ def test_api_starts_after_power_cuts_and_keeps_every_acknowledged_publish(
 ) -> None:
     warehouse = disk.mnt / "wh"
     env = {
+        **power_cut.BUSY_DISK,
         "DELTAQ_ACK": ack,
-        "DELTAQ_JOURNAL_SEGMENT_BYTES": "65536",
-        # Upkeep often: cuts land among checkpoints and compactions too.
-        "DELTAQ_CHECKPOINT_INTERVAL_COMMITS": "5",
-        "DELTAQ_CHECKPOINT_MIN_INTERVAL_S": "0.5",
         "DELTAQ_COMPACT_MIN_SMALL_FILES": "4",
         "DELTAQ_COMPACT_INTERVAL_S": "1",
-        "DELTAQ_MAINTENANCE_INTERVAL_MS": "200",
     }
     rng = random.Random(int(os.environ.get("POWER_CUT_SEED", time.time_ns())))
     logs = tmp_path / "server.log"  # beside the cut disk: it keeps what the server said

@@ -124,16 +124,13 @@ def cut_up_and_check(disk: power_cut.PowerCutDisk, tmp_path: Path, *, ack: str, 
     """Cut deltaq up ``cuts`` times under load, then check the tables and the FINs."""
     warehouse = disk.mnt / "wh"
     env = {
+        **power_cut.BUSY_DISK,
         "DELTAQ_ACK": ack,
-        "DELTAQ_JOURNAL_SEGMENT_BYTES": "65536",
         "DELTAQ_MSG_TIMEOUT_MS": "3000",
         # Fewer, larger topic commits: every file read and written passes through the
         # power-cut file system's Python, on the same two cores as Spark.
         "DELTAQ_DRAIN_LINGER_MS": "500",
         "DELTAQ_SWEEP_INTERVAL_S": "1",
-        "DELTAQ_CHECKPOINT_INTERVAL_COMMITS": "5",
-        "DELTAQ_CHECKPOINT_MIN_INTERVAL_S": "0.5",
-        "DELTAQ_MAINTENANCE_INTERVAL_MS": "200",
     }
     rng = random.Random(int(os.environ.get("POWER_CUT_SEED", time.time_ns())))
     up = Up(warehouse, tmp_path / "up.log", env)
