@@ -114,6 +114,8 @@ class TcpConsumer(threading.Thread):
 
 # One ack mode per file (test_power_cut_up_commit.py has the other), so that the two run side
 # by side: each deltaq up start on this disk takes ~30 s, a replayed fanout batch as long.
+# deltaq up started three times on the power-cut disk, beside the rest of the suite.
+@pytest.mark.timeout(900)
 def test_up_after_power_cuts_channels_hold_every_message_once_and_fins_hold(
     disk: power_cut.PowerCutDisk, tmp_path: Path
 ) -> None:

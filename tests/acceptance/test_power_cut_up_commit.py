@@ -16,6 +16,8 @@ pytestmark = [
 ]
 
 
+# deltaq up started three times on the power-cut disk, beside the rest of the suite.
+@pytest.mark.timeout(900)
 def test_up_with_commit_acks_after_a_power_cut_channels_hold_every_message_once(
     disk: power_cut.PowerCutDisk, tmp_path: Path
 ) -> None:
