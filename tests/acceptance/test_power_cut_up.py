@@ -156,7 +156,10 @@ def cut_up_and_check(disk: power_cut.PowerCutDisk, tmp_path: Path, *, ack: str, 
             fanned = count(channel_table)
             deadline = time.monotonic() + 240
             while count(channel_table) <= fanned:
-                assert time.monotonic() < deadline, "the fanout copied nothing"
+                assert time.monotonic() < deadline, (
+                    f"round {round_}: the fanout copied nothing; deltaq up's log ends:\n"
+                    + up.log_path.read_text(errors="replace")[-6000:]
+                )
                 time.sleep(0.2)
             time.sleep(rng.uniform(0.5, 4.0))
             assert up.process is not None

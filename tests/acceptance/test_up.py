@@ -68,7 +68,7 @@ def test_up_runs_the_readme_quick_start_and_stops_on_ctrl_c(tmp_path: Path) -> N
         # deltaq's own lines only (Spark's and uvicorn's go to Spark's log file / --verbose).
         before_ready = text.split("deltaq ready: ", 1)[0].splitlines()
         foreign = [line for line in before_ready if not DELTAQ_LINE.match(line)]
-        assert not foreign, foreign
+        assert not foreign, "\n".join(before_ready)
         assert len(before_ready) <= 12, before_ready
         assert f"http://{HOST}:{port}" in text
         assert "fanout stream and sweep (every 7.5 s)" in text, text[-3000:]
