@@ -39,7 +39,7 @@ from queue_engine.broker import Broker
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.history import History
 from queue_engine.settings import Settings
-from queue_engine.store.nodes import Node
+from queue_engine.store.coordination import Node
 
 DESCRIPTION = """\
 deltaq: NSQ's HTTP API over Delta Lake. Every published message is appended to its topic's

@@ -19,7 +19,6 @@ from typing import Annotated, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 from fastapi import APIRouter, FastAPI, Query, Request, Response
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
@@ -31,9 +30,8 @@ from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.history import KEEP_S, History
 from queue_engine.names import require_channel, require_topic
 from queue_engine.storage_health import STORAGE
-from queue_engine.store.commit_log import recent_writes
-from queue_engine.store.ledger import events_from_arrow
-from queue_engine.store.tables import LEDGER_SCHEMA
+from queue_engine.store.delta import read_dataset, recent_writes
+from queue_engine.store.tables import LEDGER_SCHEMA, events_from_arrow
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +236,7 @@ def _lookup(messages_path: str, ledger_path: str, message_id: str) -> dict[str, 
 def _rows_with_id(path: str, message_id: str) -> pa.Table | None:
     """The rows of the Delta table at ``path`` about one message (None: no such table)."""
     try:
-        dataset = DeltaTable(path).to_pyarrow_dataset()
+        dataset = read_dataset(path)
     except Exception:
         return None
     return dataset.to_table(filter=pc.field("id") == message_id)

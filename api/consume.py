@@ -98,21 +98,14 @@ async def subscribe(broker: Broker, params: Mapping[str, str], peer: str) -> byt
         raise QueueError(
             ErrorCode.E_INVALID, f"longer than {MAX_CONSUMER_CHARS} characters", param="consumer"
         )
-    cap = settings.max_sub_waiters
-    if wait and cap and broker.sub_waiters >= cap:
-        raise QueueError(ErrorCode.E_TOO_MANY_WAITERS, f"{cap} waiting (max_sub_waiters)")
-    broker.sub_waiters += 1
-    try:
-        deliveries = await broker.subscribe(
-            topic_name,
-            channel_name,
-            limit=limit,
-            wait_s=wait / 1000,
-            lease_us=lease_ms * 1000,
-            consumer=name,
-        )
-    finally:
-        broker.sub_waiters -= 1
+    deliveries = await broker.subscribe(
+        topic_name,
+        channel_name,
+        limit=limit,
+        wait_s=wait / 1000,
+        lease_us=lease_ms * 1000,
+        consumer=name,
+    )
     return orjson.dumps({"messages": [_message(d) for d in deliveries]})
 
 
@@ -132,8 +125,9 @@ async def answer(
         delay_us = _delay_ms(params, broker.settings.max_req_timeout_ms) * 1000
     body = await read(broker.settings.max_body_size_bytes, ErrorCode.BODY_TOO_BIG)
     answers = _answers(query, body)
+    channel = await broker.answering(topic_name, channel_name, answers)
     try:
-        await broker.settle(topic_name, channel_name, kind, answers, delay_us=delay_us)
+        await channel.answer(kind, answers, delay_us=delay_us)
     except SettleError as exc:
         raise QueueError(_FAILED[kind], str(exc), failed=exc.failed) from exc
 

@@ -24,7 +24,7 @@ from api.state import broker_of
 from queue_engine import NSQD_VERSION, __version__
 from queue_engine.broker import Broker
 from queue_engine.stats import TopicStats
-from queue_engine.store.state import StateMeta, read_meta
+from queue_engine.store.tables import StateMeta, read_meta
 
 router = APIRouter(tags=["info"])
 

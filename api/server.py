@@ -22,7 +22,7 @@ from api.tls import https_listener, refuse_plain_http, server_tls_context, tls_r
 from queue_engine.ports import Listener, check_ports, listeners
 from queue_engine.process_memory import choose_arrow_pool, tune_malloc
 from queue_engine.settings import Settings, TlsRequired
-from queue_engine.store.nodes import Node
+from queue_engine.store.coordination import Node
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ For each node count, on a fresh warehouse: ``--nodes`` ``deltaq api`` processes 
 Every process shares this machine's cores (the loads too): read the CPU per node to see what
 more cores would give.
 
-    python bench/cluster.py [--nodes 1,2,3] [--backlog 200000] [--rate 600] [--seconds 10]
+    python -m bench.cluster [--nodes 1,2,3] [--backlog 200000] [--rate 600] [--seconds 10]
                             [--only consume|latency|takeover]
 """
 
@@ -27,7 +27,6 @@ import argparse
 import json
 import multiprocessing as mp
 import struct
-import sys
 import tempfile
 import threading
 import time
@@ -37,10 +36,8 @@ from typing import Any
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-from procs import HOST, api_process, fanout_process, free_port, post, stop  # noqa: E402
-from tcp import BODY, _connect, _consume  # noqa: E402
+from bench.procs import HOST, api_process, fanout_process, free_port, post, stop
+from bench.tcp import BODY, _connect, _consume
 
 TOPIC = "hot"
 CONSUMERS_PER_NODE = 2

@@ -8,7 +8,7 @@
    ``--rate`` msg/s for ``--seconds``; each body carries its publish time. Prints publish ->
    delivered-to-consumer p50/p99.
 
-    python bench/consume.py [--backlog 100000] [--rate 200] [--seconds 20]
+    python -m bench.consume [--backlog 100000] [--rate 200] [--seconds 20]
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import base64
 import http.client
 import json
 import multiprocessing as mp
-import sys
 import tempfile
 import threading
 import time
@@ -26,9 +25,7 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-from procs import (  # noqa: E402
+from bench.procs import (
     HOST,
     api_process,
     fanout_process,

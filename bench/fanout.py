@@ -14,7 +14,7 @@ With ``--store s3`` (latency only) the warehouse is on moto's S3 server behind a
 adding ``--store-delay-ms`` to every request the API and the fanout make; the tailer reads
 the store directly, without the delay.
 
-    python bench/fanout.py [--rate 200] [--seconds 20] [--backlog 1000000]
+    python -m bench.fanout [--rate 200] [--seconds 20] [--backlog 1000000]
                            [--channel-writes auto|driver|deltaq|delta] [--embedded]
                            [--without-delta-spark]
                            [--store local|s3] [--store-delay-ms 20]
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -36,11 +35,8 @@ import httpx
 import psutil
 import pyarrow.parquet as pq
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-import procs  # noqa: E402
-from procs import (  # noqa: E402
+from bench import procs
+from bench.procs import (
     HOST,
     api_process,
     fanout_process,
@@ -52,8 +48,7 @@ from procs import (  # noqa: E402
     stop,
     warehouse_arg,
 )
-
-from queue_engine.store.commit_log import added_files, latest_version  # noqa: E402
+from queue_engine.store.delta import added_files, latest_version
 
 
 def latency(rate: int, seconds: float, warmup: float, job_args: list[str], embedded: bool) -> None:
@@ -166,7 +161,7 @@ def latency(rate: int, seconds: float, warmup: float, job_args: list[str], embed
 
 def _remote_version(table_url: str, known: int) -> int:
     """The newest version of a table on the store (-1: none yet)."""
-    from queue_engine.store.object_store import newest_commit_after
+    from queue_engine.store.storage import newest_commit_after
 
     return newest_commit_after(table_url, known)
 
@@ -176,7 +171,7 @@ def _remote_bodies(table_url: str, after: int, through: int) -> list[bytes]:
     import io
     import json
 
-    from queue_engine.store.object_store import read_object
+    from queue_engine.store.storage import read_object
 
     bodies: list[bytes] = []
     for version in range(after + 1, through + 1):

@@ -26,8 +26,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 from bench.synthetic import write_deliveries, write_messages
 from queue_engine.registry import Action, RegistryEvent
-from queue_engine.store.registry_store import RegistryStore
-from queue_engine.store.tables import Warehouse
+from queue_engine.store.tables import RegistryStore, Warehouse
 
 
 def build(wh: Warehouse, channels: int) -> None:
@@ -40,7 +39,7 @@ def build(wh: Warehouse, channels: int) -> None:
     # As the API's upkeep keeps it: compacted and checkpointed (20,000 one-event commits read
     # back file by file cost each sweep ~10 s here).
     from queue_engine.settings import Settings
-    from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
+    from queue_engine.store.upkeep import Maintenance, MaintenancePolicy
 
     policy = MaintenancePolicy.from_settings(Settings(warehouse=wh.root))
     Maintenance(replace(policy, compact_min_small_files=1)).upkeep(wh.registry_path)
@@ -55,12 +54,12 @@ def main() -> int:
     parser.add_argument("--changed", type=int, default=100)
     args = parser.parse_args()
 
-    from queue_engine.retention import RetentionPolicy, apply_retention
     from queue_engine.settings import Settings
     from queue_engine.spark.session import build_session
     from queue_engine.spark.sweep import sweep
     from queue_engine.spark.views import register_views
-    from queue_engine.store.registry_store import RegistryReader
+    from queue_engine.store.tables import RegistryReader
+    from queue_engine.store.upkeep import RetentionPolicy, apply_retention
 
     with tempfile.TemporaryDirectory() as tmp:
         wh = Warehouse(str(Path(tmp) / "wh"))

@@ -5,7 +5,7 @@ leaves it idle and prints its threads, resident memory and CPU over ``--idle-sec
 how long the creation took. The bars for 10,000 topics: under 100 threads, under 1.5 GB RSS,
 under 5% of one core idle.
 
-    python bench/many_topics.py [--topics 1000] [--idle-seconds 10] [--warehouse DIR]
+    python -m bench.many_topics [--topics 1000] [--idle-seconds 10] [--warehouse DIR]
 
 With ``--warehouse`` the warehouse is kept; run again on it, the topics are not created again
 and the figures are those of an API restarted over them.
@@ -14,15 +14,13 @@ and the figures are those of an API restarted over them.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import api_process, create_topics, free_port, stop, wait_all_open
+from bench.procs import api_process, create_topics, free_port, stop, wait_all_open
 
 
 def main() -> int:

@@ -11,7 +11,7 @@ and whole triggers (with the probing of every topic and Spark's logs) from its l
 for 10,000 topics: >= 3,000 msg/s to random topics with 200 consumed; a fanout batch over 100
 active topics p99 <= 1 s (``--active 100``).
 
-    python bench/many_topics_load.py [--topics 10000] [--active N] [--consumed 200]
+    python -m bench.many_topics_load [--topics 10000] [--active N] [--consumed 200]
                                      [--connections 32] [--seconds 30] [--warehouse DIR]
 """
 
@@ -23,15 +23,13 @@ import json
 import multiprocessing as mp
 import random
 import re
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadgen import run
-from procs import (
+from bench.loadgen import run
+from bench.procs import (
     HOST,
     api_process,
     create_topics,

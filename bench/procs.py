@@ -32,8 +32,7 @@ def object_store(kind: str, delay_ms: float, workdir: Path) -> Iterator[str]:
     if kind == "local":
         yield "local disk"
         return
-    sys.path.insert(0, str(ROOT))
-    from tests.s3 import S3Server, StoreProxy, store_env
+    from deltaq.testing.s3 import S3Server, StoreProxy, store_env
 
     s3 = S3Server(free_port(), workdir / "moto.log").start()
     proxy = StoreProxy(s3.port, delay_s=delay_ms / 1000).start()

@@ -8,9 +8,9 @@ commit and the server's peak RSS, then deltaq's ratio. A fresh server per case: 
 leaves behind (1,000 topics' lingering commits and first upkeep passes) does not slow the next.
 Nothing is asserted: the figures go in docs/benchmarks.md.
 
-    python bench/publish.py [--seconds 10] [--ack journal|commit|buffer]
+    python -m bench.publish [--seconds 10] [--ack journal|commit|buffer]
                             [--only pub1,pub16,topics1000,mpub16]
-    python bench/publish.py --store s3 --only pub64,mpub16   # moto's S3, 20 ms per request
+    python -m bench.publish --store s3 --only pub64,mpub16   # moto's S3, 20 ms per request
 
 ``--store s3`` puts the warehouse on moto's S3 server behind a loopback proxy that adds
 ``--store-delay-ms`` (default 20) to every store request, as an object store's latency.
@@ -23,7 +23,6 @@ import contextlib
 import json
 import multiprocessing as mp
 import random
-import sys
 import tempfile
 import threading
 import urllib.request
@@ -32,9 +31,8 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadgen import LoadResult, run
-from procs import api_process, file_create_us, free_port, nsqd_process, object_store, stop
+from bench.loadgen import LoadResult, run
+from bench.procs import api_process, file_create_us, free_port, nsqd_process, object_store, stop
 
 HOST = "127.0.0.1"
 BODY = b"x" * 200

@@ -28,21 +28,18 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from bench.synthetic import register
-from queue_engine.retention import RetentionPolicy
 from queue_engine.settings import RetentionMode, Settings
 from queue_engine.spark.session import build_session
 from queue_engine.spark.sweep import sweep
-from queue_engine.store.append import LocalAppender
-from queue_engine.store.ids import hex_id_array
-from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
+from queue_engine.store.delta import LocalAppender, conform, open_or_create
 from queue_engine.store.tables import (
     CHANNEL_MESSAGES_SCHEMA,
     LEDGER_SCHEMA,
     TOPIC_SCHEMA,
     Warehouse,
-    conform,
-    open_or_create,
+    hex_id_array,
 )
+from queue_engine.store.upkeep import Maintenance, MaintenancePolicy, RetentionPolicy
 
 _TS = pa.timestamp("us", tz="UTC")
 HOUR_US = 3_600_000_000

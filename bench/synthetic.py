@@ -14,13 +14,13 @@ import pyarrow as pa
 from deltalake import write_deltalake
 
 from queue_engine.registry import Action, RegistryEvent
-from queue_engine.store.ids import hex_id_array
-from queue_engine.store.registry_store import RegistryStore
+from queue_engine.store.delta import open_or_create
 from queue_engine.store.tables import (
     CHANNEL_MESSAGES_SCHEMA,
     LEDGER_SCHEMA,
+    RegistryStore,
     Warehouse,
-    open_or_create,
+    hex_id_array,
 )
 
 _TS = pa.timestamp("us", tz="UTC")

@@ -15,7 +15,7 @@ Prints each figure for both and the ratio deltaq / nsqd. The load generator is P
 With ``--store s3`` deltaq's warehouse is on moto's S3 server behind a loopback proxy adding
 ``--store-delay-ms`` to every request (nsqd keeps its files on local disk, as it always does).
 
-    python bench/tcp.py [--backlog 200000] [--seconds 10] [--rate 1000] [--only consume]
+    python -m bench.tcp [--backlog 200000] [--seconds 10] [--rate 1000] [--only consume]
                         [--consumers 4] [--store local|s3] [--store-delay-ms 20]
 """
 
@@ -28,7 +28,6 @@ import json
 import multiprocessing as mp
 import socket
 import struct
-import sys
 import tempfile
 import threading
 import time
@@ -39,9 +38,7 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-from procs import (  # noqa: E402
+from bench.procs import (
     HOST,
     api_process,
     fanout_process,

@@ -9,7 +9,7 @@ when each commit was made (``commitInfo.timestamp``, taken just before the commi
 in place) and which data files it added; a message's body names its publish. Latency = commit
 time - acknowledgement time (the two clocks are the machine's one wall clock).
 
-    python bench/visibility.py [--topics 1,1000] [--rate 2000] [--seconds 10]
+    python -m bench.visibility [--topics 1,1000] [--rate 2000] [--seconds 10]
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import json
 import multiprocessing as mp
 import os
 import random
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,8 +27,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import HOST, api_process, file_create_us, free_port, post, stop
+from bench.procs import HOST, api_process, file_create_us, free_port, post, stop
 
 PUBLISHERS = 4
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from queue_engine.settings import Settings, load_settings
-from queue_engine.store.object_store import check_store, export_storage_options
+from queue_engine.store.storage import check_store, export_storage_options
 
 # Read the whole resolved settings as JSON from standard input (how ``deltaq up`` hands its
 # settings to the jobs process: one object, nothing through files or the environment).
@@ -110,8 +110,8 @@ def _user_facing(exc: BaseException) -> bool:
     from queue_engine.auth import AuthConfigError
     from queue_engine.errors import QueueError
     from queue_engine.ports import PortInUseError
-    from queue_engine.store.nodes import WarehouseBusyError
-    from queue_engine.store.object_store import StoreError
+    from queue_engine.store.coordination import WarehouseBusyError
+    from queue_engine.store.storage import StoreError
 
     user_errors = (
         CommandError,

@@ -84,7 +84,7 @@ PARENT_GONE_GRACE_S = 60.0
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from queue_engine.store.job_lock import JobLock
+    from queue_engine.store.coordination import JobLock
 
     stop = threading.Event()
     # First, before anything slow (the job locks, Spark's start).

@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from queue_engine.spark.session import build_session
-    from queue_engine.store.job_lock import JobLock
+    from queue_engine.store.coordination import JobLock
 
     with JobLock(settings.warehouse, "fanout", lease_s=settings.store_lease_s):
         return _run(

@@ -42,9 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_every(spark: object, settings: Settings, every_s: float, stop: threading.Event) -> None:
     """Sweep, then wait ``every_s`` (or until ``stop``), until ``stop`` is set. A failed sweep
     is logged and retried at the next interval: it leaves nothing half-written."""
-    from queue_engine.retention import RetentionPolicy
     from queue_engine.spark.sweep import sweep
     from queue_engine.store.tables import Warehouse
+    from queue_engine.store.upkeep import RetentionPolicy
 
     wh = Warehouse(settings.warehouse)
     upkeep = maintenance(settings)
@@ -66,17 +66,17 @@ def run_every(spark: object, settings: Settings, every_s: float, stop: threading
 
 def maintenance(settings: Settings) -> object:
     """Table upkeep by the settings' policy, kept across sweeps."""
-    from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
+    from queue_engine.store.upkeep import Maintenance, MaintenancePolicy
 
     return Maintenance(MaintenancePolicy.from_settings(settings))
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from queue_engine.retention import RetentionPolicy
     from queue_engine.spark.session import build_session
     from queue_engine.spark.sweep import sweep
-    from queue_engine.store.job_lock import JobLock
+    from queue_engine.store.coordination import JobLock
     from queue_engine.store.tables import Warehouse
+    from queue_engine.store.upkeep import RetentionPolicy
 
     warehouse = Warehouse(settings.warehouse)
     if args.every is None and not warehouse.exists():

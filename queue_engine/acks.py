@@ -13,8 +13,7 @@ from typing import Any
 
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.storage_health import commit_failed
-from queue_engine.store.append import ConstraintViolation
-from queue_engine.store.table_features import TableRefusedError
+from queue_engine.store.delta import ConstraintViolation, TableRefusedError
 
 log = logging.getLogger(__name__)
 

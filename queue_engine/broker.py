@@ -23,18 +23,19 @@ from queue_engine.channel import ChannelRuntime
 from queue_engine.channel_queue import Answer, Delivery
 from queue_engine.channels import Channels
 from queue_engine.cluster import Membership
-from queue_engine.lease import EventKind
+from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.names import path_segment
 from queue_engine.node_registry import NodeRegistry
 from queue_engine.registry import Action, Registry
 from queue_engine.replay import Bound, ReplayResult
 from queue_engine.settings import AckMode, Settings
 from queue_engine.stats import TopicStats
+from queue_engine.store.coordination import Node, NodeRecord
+from queue_engine.store.delta import TableRefusedError
 from queue_engine.store.journal import journal_tokens
-from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
-from queue_engine.store.nodes import Node, NodeRecord
-from queue_engine.store.table_features import TableRefusedError
-from queue_engine.store.tables import Warehouse, delete_tree, list_dirs
+from queue_engine.store.storage import delete_tree, list_dirs
+from queue_engine.store.tables import Warehouse
+from queue_engine.store.upkeep import Maintenance, MaintenancePolicy
 from queue_engine.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class Broker:
         self.warehouse = Warehouse(settings.warehouse)
         self.node = node
         self.started_at = time.time()
-        # HTTP /sub requests in progress (the API caps them: max_sub_waiters).
+        # HTTP /sub requests in progress (``subscribe`` caps them: max_sub_waiters).
         self.sub_waiters = 0
         self.cluster = Membership(settings.warehouse, node)
         self._registry = NodeRegistry(self.warehouse.registry_path, shared=node is not None)
@@ -349,10 +350,18 @@ class Broker:
         self, topic: str, channel: str, *, limit: int, wait_s: float, lease_us: int, consumer: str
     ) -> list[Delivery]:
         """nsqd's SUB + RDY over HTTP: creates the topic and channel if needed, then waits
-        up to ``wait_s`` for messages and leases up to ``limit`` of them to ``consumer``."""
-        return await self.channels.subscribe(
-            topic, channel, limit=limit, wait_s=wait_s, lease_us=lease_us, consumer=consumer
-        )
+        up to ``wait_s`` for messages and leases up to ``limit`` of them to ``consumer``. At
+        most ``max_sub_waiters`` wait at once (E_TOO_MANY_WAITERS)."""
+        cap = self.settings.max_sub_waiters
+        if wait_s > 0 and cap and self.sub_waiters >= cap:
+            raise QueueError(ErrorCode.E_TOO_MANY_WAITERS, f"{cap} waiting (max_sub_waiters)")
+        self.sub_waiters += 1
+        try:
+            return await self.channels.subscribe(
+                topic, channel, limit=limit, wait_s=wait_s, lease_us=lease_us, consumer=consumer
+            )
+        finally:
+            self.sub_waiters -= 1
 
     async def open_channel(self, topic: str, channel: str) -> ChannelRuntime:
         """The live channel (nsqd's GetTopic + GetChannel: both are created if needed)."""
@@ -362,20 +371,10 @@ class Broker:
         """The live channel (CHANNEL_NOT_FOUND if it does not exist); nothing is created."""
         return await self.channels.runtime(topic, channel)
 
-    async def settle(
-        self,
-        topic: str,
-        channel: str,
-        kind: EventKind,
-        answers: list[Answer],
-        *,
-        delay_us: int = 0,
-        lease_us: int | None = None,
-    ) -> None:
-        """FIN, REQ or TOUCH the given leases, all or none; durable when this returns."""
-        await self.channels.settle(
-            topic, channel, kind, answers, delay_us=delay_us, lease_us=lease_us
-        )
+    async def answering(self, topic: str, channel: str, answers: list[Answer]) -> ChannelRuntime:
+        """The live channel that answers FIN, REQ or TOUCH of ``answers`` (its ``answer``);
+        ``ChannelElsewhereError`` when another node serves them."""
+        return await self.channels.answering(topic, channel, answers)
 
     # -- stats ----------------------------------------------------------------------------
 

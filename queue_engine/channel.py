@@ -26,17 +26,17 @@ from queue_engine.channel_restore import add_rows, expires_at, restore_channel
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.lease import EventKind, LeaseEvent
 from queue_engine.shares import lane_of
-from queue_engine.store.channel_reader import ChannelReader
-from queue_engine.store.commit_log import commit_file
-from queue_engine.store.dead_letters import DeadLetterStore
-from queue_engine.store.group_commit import WriterClosedError
-from queue_engine.store.ledger import (
+from queue_engine.store.delta import WriterClosedError, commit_file, conform
+from queue_engine.store.tables import (
+    CHANNEL_MESSAGES_SCHEMA,
+    ChannelReader,
+    DeadLetterStore,
     LedgerWriter,
+    LoopLedgerWriter,
     is_sweep_commit,
+    open_ledger_writer,
     read_versions,
 )
-from queue_engine.store.loop_ledger import LoopLedgerWriter, open_ledger_writer
-from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, conform
 
 # What a body lookup needs of a row (the channel table's and the dead-letter table's).
 _BODY_SCHEMA = pa.schema(
@@ -122,6 +122,7 @@ class ChannelRuntime:
         scan_leases: bool = True,
         mem_queue_size: int,
         ledger_linger_ms: int = 0,
+        max_lease_us: int = 0,
         is_paused: Callable[[], bool],
         notify: Callable[[list[object], BaseException | None], None],
         on_waiting: Callable[[ChannelRuntime], None] | None = None,
@@ -129,6 +130,8 @@ class ChannelRuntime:
     ) -> None:
         self.topic = topic
         self.channel = channel
+        # The longest lease a TOUCH or a consumer's timeout may ask for (0: no limit).
+        self.max_lease_us = max_lease_us
         # The shares of the channel served here (queue_engine.shares; None: all of it).
         self.lanes = lanes
         # Set when this runtime closes because another (other shares) serves the channel on
@@ -168,8 +171,8 @@ class ChannelRuntime:
         self.waiting = 0
         self.closed = False
         self._broken = False
-        # A notice said the fanout or the sweep wrote here (queue_engine.store.notices); on an
-        # object store, where a look is a request, the table is otherwise looked at only every
+        # A notice said the fanout or the sweep wrote here (store.tables.notices); on an object
+        # store, where a look is a request, the table is otherwise looked at only every
         # REMOTE_LOOK_S.
         self._noticed = True
         self._looked_at = float("-inf")
@@ -219,6 +222,25 @@ class ChannelRuntime:
         here)."""
         if not self.handed_on.done():
             self.handed_on.set_result(successor)
+
+    def holds(self, message_id: str, lease: str) -> bool:
+        """Whether ``message_id`` is in flight under ``lease``."""
+        state = self.queue.states.get(message_id)
+        return state is not None and state.in_flight and state.lease == lease
+
+    def lease_lives(self, message_id: str, lease: str) -> bool:
+        """Whether ``lease`` on ``message_id`` has not ended without its client: in flight, or
+        timed out and not delivered again yet."""
+        state = self.queue.states.get(message_id)
+        return state is not None and state.lease == lease and (state.in_flight or state.timed_out)
+
+    def why_not_held(self, message_id: str) -> str:
+        """nsqd's reason a FIN, REQ or TOUCH of ``message_id`` by a client without its lease
+        fails."""
+        state = self.queue.states.get(message_id)
+        if state is not None and state.in_flight:
+            return "client does not own message"
+        return "ID not in flight"
 
     def serves(self, message_id: str) -> bool:
         """Whether ``message_id`` is of a share served here."""
@@ -316,34 +338,23 @@ class ChannelRuntime:
                 self.waiting -= 1
         return []
 
-    async def settle(
+    def answer(
         self,
         kind: EventKind,
         answers: Iterable[tuple[str, str]],
         *,
         delay_us: int = 0,
         lease_us: int | None = None,
-        max_lease_us: int = 0,
-    ) -> None:
-        """FIN, REQ or TOUCH: all answers or none (``SettleError``), durable on return."""
-        await self.settle_nowait(
-            kind, answers, delay_us=delay_us, lease_us=lease_us, max_lease_us=max_lease_us
-        )
-
-    def settle_nowait(
-        self,
-        kind: EventKind,
-        answers: Iterable[tuple[str, str]],
-        *,
-        delay_us: int = 0,
-        lease_us: int | None = None,
-        max_lease_us: int = 0,
         lazy: bool = False,
     ) -> Awaitable[None]:
-        """``settle`` applied to the queue now (all or none: ``SettleError``); the returned
-        awaitable ends when the ledger has it. The TCP protocol answers FIN with nothing, so
-        its FINs are applied in command order without waiting for each commit (``lazy``: and
-        commit with the ledger's next lingering commit)."""
+        """FIN, REQ or TOUCH of (id, lease) pairs, as nsqd's channel FinishMessage,
+        RequeueMessage and TouchMessage: HTTP and TCP both answer through here.
+
+        Applied to the queue now, all or none (``SettleError`` names the ids not in flight
+        under their lease); the returned awaitable ends when the ledger has it. The TCP
+        protocol answers FIN with nothing, so its FINs are applied in command order without
+        waiting for each commit (``lazy``: and commit with the ledger's next lingering
+        commit)."""
         if self._broken:
             raise QueueError(ErrorCode.E_COMMIT_FAILED, "channel is reloading")
         events = self.queue.settle(
@@ -352,7 +363,7 @@ class ChannelRuntime:
             now_us(),
             delay_us=delay_us,
             lease_us=lease_us,
-            max_lease_us=max_lease_us,
+            max_lease_us=self.max_lease_us,
         )
         if kind is EventKind.REQ and any(e.deliver_at_us is None for e in events):
             self._wake_soon()

@@ -18,10 +18,16 @@ import pyarrow.compute as pc
 from queue_engine.channel_queue import ChannelQueue
 from queue_engine.lease import FRESH, LeaseEvent, fold
 from queue_engine.shares import ALL_LANES, keep_lanes, lane_of
-from queue_engine.store.channel_reader import ChannelReader
-from queue_engine.store.ledger import read_ledger, read_ledger_after
-from queue_engine.store.state import StateMeta, load_states, read_meta, read_state
-from queue_engine.store.torn_tail import repair_once
+from queue_engine.store.delta import repair_once
+from queue_engine.store.tables import (
+    ChannelReader,
+    StateMeta,
+    load_states,
+    read_ledger,
+    read_ledger_after,
+    read_meta,
+    read_state,
+)
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,6 @@ from queue_engine.channel import ChannelRuntime
 from queue_engine.channel_queue import Answer, Delivery
 from queue_engine.cluster import Membership
 from queue_engine.errors import ChannelElsewhereError, ErrorCode, QueueError
-from queue_engine.lease import EventKind
 from queue_engine.node_registry import NodeRegistry
 from queue_engine.pump import Pump
 from queue_engine.registry import Action, RegistryEvent
@@ -26,10 +25,11 @@ from queue_engine.replay import Bound, ReplayResult, run_replay
 from queue_engine.settings import Settings
 from queue_engine.shares import Holder, changed, lane_of, served_by
 from queue_engine.stats import ChannelStats
-from queue_engine.store.commit_log import latest_version
-from queue_engine.store.maintenance import Maintenance
-from queue_engine.store.nodes import NodeRecord
-from queue_engine.store.tables import Warehouse, delete_tree
+from queue_engine.store.coordination import NodeRecord
+from queue_engine.store.delta import latest_version
+from queue_engine.store.storage import delete_tree
+from queue_engine.store.tables import Warehouse
+from queue_engine.store.upkeep import Maintenance
 from queue_engine.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -165,6 +165,7 @@ class Channels:
             scan_leases=self.settings.scan_leases,
             mem_queue_size=self.settings.mem_queue_size,
             ledger_linger_ms=self.settings.ledger_linger_ms,
+            max_lease_us=self.settings.max_msg_timeout_ms * 1000,
             is_paused=lambda: self._paused(topic, channel),
             notify=self._acks.committed,
             on_waiting=self.pump.heat,
@@ -234,31 +235,16 @@ class Channels:
         info = self._registry.registry.existing_channel(topic, channel)
         return self.settings.max_attempts if info.max_attempts is None else info.max_attempts
 
-    async def settle(
-        self,
-        topic: str,
-        channel: str,
-        kind: EventKind,
-        answers: list[Answer],
-        *,
-        delay_us: int = 0,
-        lease_us: int | None = None,
-    ) -> None:
-        """FIN, REQ or TOUCH the given leases, all or none; durable when this returns. Leases
-        of messages of a share held by another live node, none of them served here, are
-        answered there (``ChannelElsewhereError``)."""
+    async def answering(self, topic: str, channel: str, answers: list[Answer]) -> ChannelRuntime:
+        """The runtime that answers FIN, REQ or TOUCH of ``answers``. Leases of messages of a
+        share held by another live node, none of them served here, are answered there
+        (``ChannelElsewhereError``)."""
         runtime = await self.runtime(topic, channel)
         if answers and not any(runtime.serves(a.id) for a in answers):
             holder = self._cluster.elsewhere(topic, channel, lane_of(answers[0].id))
             if holder is not None:
                 raise ChannelElsewhereError(holder.http_url, holder.tcp_address)
-        await runtime.settle(
-            kind,
-            answers,
-            delay_us=delay_us,
-            lease_us=lease_us,
-            max_lease_us=self.settings.max_msg_timeout_ms * 1000,
-        )
+        return runtime
 
     async def subscribe(
         self, topic: str, channel: str, *, limit: int, wait_s: float, lease_us: int, consumer: str

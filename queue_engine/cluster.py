@@ -1,8 +1,8 @@
 """This node among the warehouse's nodes: the shares of channels it holds, who holds the rest.
 
 Every node serves every channel, each its shares (queue_engine.shares: one per id lane), as
-the channel's claims say (queue_engine.store.ownership: claims put-if-absent, a holder's lane
-is the lease). A node alone on its warehouse (tests, embedded use: no ``Node``) serves every
+the channel's claims say (store.coordination.ownership: claims put-if-absent, a holder's lane is the
+lease). A node alone on its warehouse (tests, embedded use: no ``Node``) serves every
 share without claiming any.
 """
 
@@ -12,8 +12,7 @@ import logging
 
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.shares import Holder, plan
-from queue_engine.store.nodes import Node, NodeDirectory, NodeRecord
-from queue_engine.store.ownership import Claim, Ownership
+from queue_engine.store.coordination import Claim, Node, NodeDirectory, NodeRecord, Ownership
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.registry import Action, Registry, RegistryEvent
-from queue_engine.store.registry_store import RegistryMovedError, RegistryStore
+from queue_engine.store.tables import RegistryMovedError, RegistryStore
 
 # A registry event that raced another node's is decided again this many times.
 _RACE_RETRIES = 20

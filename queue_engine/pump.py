@@ -17,8 +17,8 @@ import time
 from collections.abc import Mapping
 
 from queue_engine.channel import ChannelRuntime
-from queue_engine.store.notices import NoticeReader
-from queue_engine.store.object_store import is_remote
+from queue_engine.store.storage import is_remote
+from queue_engine.store.tables import NoticeReader
 
 log = logging.getLogger(__name__)
 

@@ -29,13 +29,18 @@ from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.fanout import for_channel
 from queue_engine.message import LANES
-from queue_engine.store.commit_log import AddedFile, added_files, commit_info, latest_version
-from queue_engine.store.writer import TopicWriter
+from queue_engine.store.delta import (
+    AddedFile,
+    added_files,
+    commit_info,
+    latest_version,
+    read_dataset,
+)
+from queue_engine.store.tables import TopicWriter
 
 REPLAY_APP_PREFIX = "deltaq-replay"
 REPLAY_ID_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
@@ -130,7 +135,7 @@ def read_range(path: str, channel: str, first: int, last: int, limit: int) -> Re
     empty = ReplayRows(first, last, pa.array([], pa.string()), pa.array([], pa.binary()))
     if expected == 0 or not any(f.min_id and f.max_id for f in files):
         return empty
-    dataset = DeltaTable(path).to_pyarrow_dataset()
+    dataset = read_dataset(path)
     rows = dataset.to_table(columns=["id", "body", "to_channel"], filter=_id_filter(files))
     if rows.num_rows < expected:
         raise QueueError(

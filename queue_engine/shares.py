@@ -2,7 +2,7 @@
 
 A message id carries the lane of the node that published it (``IdAllocator``), so a channel's
 messages split into ``LANES`` shares. Each share has one holder, named in the channel's claim
-(queue_engine.store.ownership); a node serves exactly the shares the newest claim names it
+(store.coordination.ownership); a node serves exactly the shares the newest claim names it
 for, so one channel is served by every node at once and each message by one node. Who should
 hold what (``plan``), as nsqd's "each node serves what was published to it":
 
@@ -51,7 +51,7 @@ def keep_lanes(table: pa.Table, lanes: frozenset[int] | None) -> pa.Table:
 
 
 class NodeRecord(Protocol):
-    """A live node as the claims name it (queue_engine.store.nodes.NodeRecord is one)."""
+    """A live node as the claims name it (store.coordination.NodeRecord is one)."""
 
     @property
     def lane(self) -> int: ...

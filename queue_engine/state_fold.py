@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 import pyarrow as pa
 
 from queue_engine.lease import RANK, EventKind, LeaseEvent, MessageState, apply, initial
-from queue_engine.store.state import (
+from queue_engine.store.tables import (
     STATE_FIELDS,
     STATE_SCHEMA,
     columns_as_lists,

@@ -24,22 +24,29 @@ from queue_engine.node_registry import NodeRegistry
 from queue_engine.registry import Action, TopicInfo
 from queue_engine.settings import AckMode, Settings
 from queue_engine.stats import ChannelStats, TopicStats, percentile_ms
-from queue_engine.store.append import ConstraintViolation
-from queue_engine.store.commit_log import latest_version
+from queue_engine.store.delta import (
+    ConstraintViolation,
+    TableRefusedError,
+    WriterClosedError,
+    latest_version,
+)
 from queue_engine.store.journal import (
     Journal,
     JournalClosedError,
+    Record,
     app_id,
     read_journal,
     remove_journal,
 )
-from queue_engine.store.journal_format import Record
-from queue_engine.store.maintenance import Maintenance
-from queue_engine.store.notices import NoticeWriter, topic_writer
-from queue_engine.store.object_store import is_remote
-from queue_engine.store.table_features import TableRefusedError
-from queue_engine.store.tables import Warehouse, delete_tree
-from queue_engine.store.writer import CommitStats, TopicWriter, WriterClosedError
+from queue_engine.store.storage import delete_tree, is_remote
+from queue_engine.store.tables import (
+    CommitStats,
+    NoticeWriter,
+    TopicWriter,
+    Warehouse,
+    topic_writer,
+)
+from queue_engine.store.upkeep import Maintenance
 
 log = logging.getLogger(__name__)
 

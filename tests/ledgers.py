@@ -9,9 +9,13 @@ from hypothesis import strategies as st
 
 from queue_engine.lease import EventKind, LeaseEvent, MessageState, apply, initial
 from queue_engine.state_fold import FINISHED, sweep_timeout
-from queue_engine.store.ledger import events_to_arrow
-from queue_engine.store.state import STATE_SCHEMA, columns_as_lists, state_from_values
-from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA
+from queue_engine.store.tables import (
+    CHANNEL_MESSAGES_SCHEMA,
+    STATE_SCHEMA,
+    columns_as_lists,
+    events_to_arrow,
+    state_from_values,
+)
 
 LEASES = ["1-aaaaaaaaaaaa", "2-bbbbbbbbbbbb", "3-cccccccccccc", "2-dddddddddddd"]
 _TS = pa.timestamp("us", tz="UTC")

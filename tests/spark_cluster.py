@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pyspark
 
-from tests.s3 import HOST, free_port
+from deltaq.testing.s3 import HOST, free_port
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"

@@ -22,13 +22,13 @@ import random
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from enum import Enum
 from functools import partial
 
 from api.auth import Authenticator, AuthUnavailable
 from api.tcp import frames
+from api.tcp.client import Client, State
 from api.tcp.frames import ClientError, FatalClientError
-from api.tcp.identify import ClientOptions, identify
+from api.tcp.identify import identify
 from api.tcp.transport import Closed, Transport
 from api.tls import tls_required
 from queue_engine.auth import Identity, Role
@@ -45,22 +45,12 @@ log = logging.getLogger(__name__)
 
 # How long the pump waits on a channel before looking at its client again (RDY, closing).
 PUMP_WAIT_S = 1.0
-# How long a connection waits for the runtime that follows one closed because the channel's
-# shares changed here (it restores from the ledger); past it, answers are refused as the old
-# runtime refuses them and the pump closes the connection.
-HAND_ON_WAIT_S = 60.0
 # "FIN " and a 16-byte message id.
 _FIN_LINE = 4 + frames.MESSAGE_ID_BYTES
 _INT64 = 2**63
 
 
-class State(Enum):
-    INIT = "init"
-    SUBSCRIBED = "subscribed"
-    CLOSING = "closing"
-
-
-@dataclass(slots=True)
+@dataclass
 class _Publishing:
     """A publish under way: its command, and the future done once it is acknowledged."""
 
@@ -140,15 +130,7 @@ class Connection:
         self._tls_required = tls_required(self.settings) is not TlsRequired.FALSE
         self._on_closed = on_closed
         self.authenticator = authenticator if authenticator and authenticator.enabled else None
-        self.identity: Identity | None = None
-        self._secret = ""
-        self.options = ClientOptions(msg_timeout_ms=self.settings.msg_timeout_ms)
-        self.state = State.INIT
-        self.name = transport.peer
-        self.ready_count = 0
-        # Messages this client holds: id -> the lease it was delivered under.
-        self.in_flight: dict[str, str] = {}
-        self.runtime: ChannelRuntime | None = None
+        self.client = Client(transport.peer, self.settings.msg_timeout_ms)
         self._ready_changed = asyncio.Event()
         self._pump: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
@@ -184,9 +166,9 @@ class Connection:
             self._heartbeat = asyncio.get_running_loop().create_task(self._beat())
             await self._io_loop()
         except Closed as exc:
-            log.debug("%s: %s", self.name, exc)
+            log.debug("%s: %s", self.client.name, exc)
         except Exception:
-            log.exception("%s: connection failed", self.name)
+            log.exception("%s: connection failed", self.client.name)
         finally:
             await self.close()
 
@@ -202,7 +184,7 @@ class Connection:
             transport.start_command()
             line: bytes | None = await transport.readline()
             while line is not None:
-                if len(line) == _FIN_LINE and line.startswith(b"FIN ") and self._can_answer():
+                if len(line) == _FIN_LINE and line.startswith(b"FIN ") and self.client.can_answer():
                     fins.append(line[4:])
                     fins += transport.buffered_alike(b"FIN ", _FIN_LINE)
                 else:
@@ -238,7 +220,7 @@ class Connection:
         except ClientError as exc:
             if not await self._answer_publishes():
                 return False
-            log.info("%s: %s", self.name, exc)
+            log.info("%s: %s", self.client.name, exc)
             self.transport.write(frames.error(exc.frame_data))
             return not exc.fatal
         if isinstance(answer, _Publishing):
@@ -258,7 +240,7 @@ class Connection:
             try:
                 answer = await publish.answer()
             except ClientError as exc:
-                log.info("%s: %s", self.name, exc)
+                log.info("%s: %s", self.client.name, exc)
                 self.transport.write(frames.error(exc.frame_data))
                 for later in publishing[n + 1 :]:
                     # Their outcome goes unread: the connection closes.
@@ -269,14 +251,14 @@ class Connection:
 
     def _set_timeouts(self) -> None:
         """nsqd's deadlines: a read within two heartbeats, a write within one."""
-        interval = self.options.heartbeat_interval_ms / 1000
+        interval = self.client.options.heartbeat_interval_ms / 1000
         self.transport.read_timeout_s = 2 * interval if interval > 0 else None
         self.transport.write_timeout_s = interval if interval > 0 else None
 
     async def _beat(self) -> None:
         with contextlib.suppress(Closed):
             while not self._closed:
-                interval = self.options.heartbeat_interval_ms / 1000
+                interval = self.client.options.heartbeat_interval_ms / 1000
                 if interval <= 0:
                     return
                 await asyncio.sleep(interval)
@@ -295,8 +277,8 @@ class Connection:
         self._publishing = []
         if self._heartbeat is not None:
             self._heartbeat.cancel()
-        if self._pump is not None and self.runtime is not None:
-            await self.runtime.wake()
+        if self._pump is not None and self.client.runtime is not None:
+            await self.client.runtime.wake()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self._pump), PUMP_WAIT_S * 3)
             self._pump.cancel()
@@ -305,68 +287,31 @@ class Connection:
         self._on_closed(self)
 
     async def _requeue_held(self) -> None:
-        runtime = self.runtime
-        if runtime is None or runtime.closed or not self.in_flight:
-            return
-        states = runtime.queue.states
-        held = [
-            Answer(message_id, lease)
-            for message_id, lease in self.in_flight.items()
-            if (state := states.get(message_id)) is not None
-            and state.in_flight
-            and state.lease == lease
-        ]
-        self.in_flight.clear()
-        if not held:
+        runtime = self.client.runtime
+        held = self.client.take_held()
+        if runtime is None or not held:
             return
         try:
-            await runtime.settle_nowait(EventKind.REQ, held)
-            log.info("%s: requeued %d messages it held", self.name, len(held))
+            await runtime.answer(EventKind.REQ, held)
+            log.info("%s: requeued %d messages it held", self.client.name, len(held))
         except (QueueError, SettleError) as exc:
-            log.warning("%s: could not requeue %d messages: %s", self.name, len(held), exc)
-
-    # -- pushing messages ---------------------------------------------------------------------
+            log.warning("%s: could not requeue %d messages: %s", self.client.name, len(held), exc)
 
     def _wanted(self) -> int:
         """How many more messages this client may have in flight now (0: none)."""
-        if self._closed or self.state is not State.SUBSCRIBED:
-            return 0
-        return self.ready_count - len(self.in_flight)
+        return 0 if self._closed else self.client.wanted()
 
-    def _forget_ended(self) -> None:
-        """Drop leases that ended without this client (timed out, then delivered again):
-        nsqd's client in-flight count drops when a message times out."""
-        runtime = self.runtime
-        if runtime is None:
-            return
-        states = runtime.queue.states
-        for message_id, lease in list(self.in_flight.items()):
-            state = states.get(message_id)
-            if state is None or state.lease != lease or not (state.in_flight or state.timed_out):
-                del self.in_flight[message_id]
-
-    async def _follow_hand_on(self) -> ChannelRuntime | None:
-        """The runtime serving this connection's channel now. While the channel's shares
-        change here, its runtime closes and a new one restores from the ledger (up to a few
-        hundred ms): answers and pushes wait for the new one rather than fail on the old. None:
-        the channel is not served here any more (deleted, or the server stops)."""
-        runtime = self.runtime
-        while runtime is not None and runtime.closed:
-            successor = await asyncio.wait_for(asyncio.shield(runtime.handed_on), HAND_ON_WAIT_S)
-            if successor is None:
-                return None
-            runtime = self.runtime = successor
-        return runtime
+    # -- pushing messages ---------------------------------------------------------------------
 
     async def _run_pump(self, runtime: ChannelRuntime) -> None:
-        lease_us = self.options.msg_timeout_ms * 1000
+        lease_us = self.client.options.msg_timeout_ms * 1000
         try:
             while not self._closed:
                 if runtime.closed:
                     # Serving other shares now: carry on with the runtime that serves them.
                     # Else the channel was deleted (or the server is stopping): nsqd closes
                     # its clients.
-                    successor = await self._follow_hand_on()
+                    successor = await self.client.follow_hand_on()
                     if successor is None or self._closed:
                         self.transport.abort()
                         return
@@ -376,26 +321,26 @@ class Connection:
                     self._ready_changed.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._ready_changed.wait(), PUMP_WAIT_S)
-                    self._forget_ended()
+                    self.client.forget_ended()
                     continue
                 # Frames leave before their DELIVER commit (it follows within the ledger's
                 # linger): the leases end with this connection anyway (close() requeues them).
                 deliveries = await runtime.sub(
-                    self._wanted, PUMP_WAIT_S, lease_us, self.name, durable=False
+                    self._wanted, PUMP_WAIT_S, lease_us, self.client.name, durable=False
                 )
                 if deliveries:
                     await self._push(runtime, deliveries)
         except (Closed, QueueError, TimeoutError) as exc:
-            log.info("%s: stops receiving: %s", self.name, exc)
+            log.info("%s: stops receiving: %s", self.client.name, exc)
             self.transport.abort()
 
     async def _push(self, runtime: ChannelRuntime, deliveries: list[Delivery]) -> None:
-        in_flight = self.in_flight
+        in_flight = self.client.in_flight
         for delivery in deliveries:
             in_flight[delivery.id] = delivery.lease
         if self._closed:
             return  # close() requeues them
-        sample_rate = self.options.sample_rate
+        sample_rate = self.client.options.sample_rate
         if sample_rate:
             # nsqd drops the messages a sampling client does not get; deltaq finishes them.
             dropped = [d for d in deliveries if random.randrange(100) > sample_rate]
@@ -404,7 +349,7 @@ class Connection:
                     del in_flight[delivery.id]
                 dropped_ids = {d.id for d in dropped}
                 deliveries = [d for d in deliveries if d.id not in dropped_ids]
-                await runtime.settle_nowait(EventKind.FIN, [Answer(d.id, d.lease) for d in dropped])
+                await runtime.answer(EventKind.FIN, [Answer(d.id, d.lease) for d in dropped])
         self.transport.write(frames.messages(deliveries))
         await self.transport.flush()
 
@@ -435,21 +380,21 @@ class Connection:
             raise FatalClientError(code, f"{command} failed to read {what}") from exc
 
     async def _identify(self, params: list[bytes]) -> bytes | None:
-        if self.state is not State.INIT:
+        if self.client.state is not State.INIT:
             raise FatalClientError("E_INVALID", "cannot IDENTIFY in current state")
         body = await self._read_body(
             "IDENTIFY", "E_BAD_BODY", "body", self.settings.max_body_size_bytes
         )
         negotiated = identify(
-            self.options,
+            self.client.options,
             body,
             self.settings,
             tls_available=self.tls_context is not None,
             auth_required=self.authenticator is not None,
         )
         self._set_timeouts()
-        if self.options.client_id:
-            self.name = f"{self.options.client_id}@{self.transport.peer}"
+        if self.client.options.client_id:
+            self.client.name = f"{self.client.options.client_id}@{self.transport.peer}"
         if negotiated.answer is None:
             return frames.OK
         transport = self.transport
@@ -460,17 +405,17 @@ class Connection:
         try:
             if negotiated.tls:
                 assert self.tls_context is not None
-                log.info("%s: upgrading connection to TLS", self.name)
+                log.info("%s: upgrading connection to TLS", self.client.name)
                 await transport.start_tls(self.tls_context)
                 transport.write(frames.response(frames.OK))
                 await transport.flush()
             if negotiated.snappy:
-                log.info("%s: upgrading connection to snappy", self.name)
+                log.info("%s: upgrading connection to snappy", self.client.name)
                 transport.start_snappy()
                 transport.write(frames.response(frames.OK))
                 await transport.flush()
             if negotiated.deflate:
-                log.info("%s: upgrading connection to deflate", self.name)
+                log.info("%s: upgrading connection to deflate", self.client.name)
                 transport.start_deflate(negotiated.deflate_level)
                 transport.write(frames.response(frames.OK))
                 await transport.flush()
@@ -479,25 +424,25 @@ class Connection:
         return None
 
     async def _auth(self, params: list[bytes]) -> bytes | None:
-        if self.state is not State.INIT:
+        if self.client.state is not State.INIT:
             raise FatalClientError("E_INVALID", "cannot AUTH in current state")
         if len(params) != 1:
             raise FatalClientError("E_INVALID", "AUTH invalid number of parameters")
         secret = await self._read_body(
             "AUTH", "E_BAD_BODY", "body", self.settings.max_body_size_bytes
         )
-        if self.identity is not None:
+        if self.client.identity is not None:
             raise FatalClientError("E_INVALID", "AUTH already set")
         if self.authenticator is None:
             # No tokens file and no auth server: as nsqd without --auth-http-address.
             raise FatalClientError("E_AUTH_DISABLED", "AUTH disabled")
-        self._secret = secret.decode("utf-8", errors="replace")
+        self.client.secret = secret.decode("utf-8", errors="replace")
         identity = await self._identify_secret()
         if identity is None:
             raise FatalClientError("E_AUTH_FAILED", "AUTH failed")
         if not identity.grants:
             raise FatalClientError("E_UNAUTHORIZED", "AUTH no authorizations found")
-        self.identity = identity
+        self.client.identity = identity
         return json.dumps(
             {
                 "identity": identity.name,
@@ -511,11 +456,11 @@ class Connection:
         assert self.authenticator is not None
         try:
             return await self.authenticator.identify(
-                self._secret, self.transport.peer_ip, self.transport.tls
+                self.client.secret, self.transport.peer_ip, self.transport.tls
             )
         except AuthUnavailable as exc:
             # As nsqd: the client is not told why.
-            log.warning("%s: AUTH failed: %s", self.name, exc)
+            log.warning("%s: AUTH failed: %s", self.client.name, exc)
             raise FatalClientError("E_AUTH_FAILED", "AUTH failed") from exc
 
     async def _check_auth(self, command: str, topic: str, channel: str | None) -> None:
@@ -523,15 +468,15 @@ class Connection:
         topic (and channel); an identity whose TTL ran out is asked for again."""
         if self.authenticator is None:
             return
-        if self.identity is None:
+        if self.client.identity is None:
             raise FatalClientError("E_AUTH_FIRST", f"AUTH required before {command}")
-        if self.identity.expired:
+        if self.client.identity.expired:
             identity = await self._identify_secret()
             if identity is None:
                 raise FatalClientError("E_AUTH_FAILED", "AUTH failed")
-            self.identity = identity
+            self.client.identity = identity
         role = Role.PUBLISH if channel is None else Role.CONSUME
-        if not self.identity.allows(role, topic, channel):
+        if not self.client.identity.allows(role, topic, channel):
             raise FatalClientError(
                 "E_UNAUTHORIZED",
                 f"AUTH failed for {command} on {go_quote(topic.encode())} "
@@ -539,9 +484,9 @@ class Connection:
             )
 
     async def _sub(self, params: list[bytes]) -> bytes | None:
-        if self.state is not State.INIT:
+        if self.client.state is not State.INIT:
             raise FatalClientError("E_INVALID", "cannot SUB in current state")
-        if self.options.heartbeat_interval_ms <= 0:
+        if self.client.options.heartbeat_interval_ms <= 0:
             raise FatalClientError("E_INVALID", "cannot SUB with heartbeats disabled")
         if len(params) < 3:
             raise FatalClientError("E_INVALID", "SUB insufficient number of parameters")
@@ -559,15 +504,14 @@ class Connection:
             runtime = await self.broker.open_channel(topic, channel)
         except QueueError as exc:
             raise FatalClientError("E_SUB_FAILED", f"SUB failed {exc}") from exc
-        self.runtime = runtime
-        self.state = State.SUBSCRIBED
+        self.client.subscribe(runtime)
         self._pump = asyncio.get_running_loop().create_task(self._run_pump(runtime))
         return frames.OK
 
     async def _rdy(self, params: list[bytes]) -> bytes | None:
-        if self.state is State.CLOSING:
+        if self.client.state is State.CLOSING:
             return None  # nsqd ignores RDY after CLS
-        if self.state is not State.SUBSCRIBED:
+        if self.client.state is not State.SUBSCRIBED:
             raise FatalClientError("E_INVALID", "cannot RDY in current state")
         count = 1
         if len(params) > 1:
@@ -580,15 +524,15 @@ class Connection:
             raise FatalClientError(
                 "E_INVALID", f"RDY count {count} out of range 0-{self.settings.max_rdy_count}"
             )
-        self.ready_count = count
+        self.client.ready_count = count
         self._ready_changed.set()
-        if self.runtime is not None and count > 0:
-            await self.runtime.wake()
+        if self.client.runtime is not None and count > 0:
+            await self.client.runtime.wake()
         return None
 
     def _held(self, command: str, params: list[bytes], least: int) -> tuple[str, str]:
         """The message id a FIN/REQ/TOUCH names and this client's lease on it."""
-        if self.state not in (State.SUBSCRIBED, State.CLOSING):
+        if not self.client.can_answer():
             raise FatalClientError("E_INVALID", f"cannot {command} in current state")
         if len(params) < least:
             raise FatalClientError("E_INVALID", f"{command} insufficient number of params")
@@ -596,34 +540,24 @@ class Connection:
         if len(raw) != frames.MESSAGE_ID_BYTES:
             raise FatalClientError("E_INVALID", "invalid message ID")
         message_id = raw.decode("latin-1")
-        lease = self.in_flight.get(message_id)
+        lease = self.client.in_flight.get(message_id)
         if lease is None:
             raise ClientError(
-                f"E_{command}_FAILED", f"{command} {message_id} failed {self._why_not(message_id)}"
+                f"E_{command}_FAILED",
+                f"{command} {message_id} failed {self.client.why_not(message_id)}",
             )
         return message_id, lease
-
-    def _why_not(self, message_id: str) -> str:
-        """nsqd's reason a message is not this client's to answer."""
-        runtime = self.runtime
-        state = runtime.queue.states.get(message_id) if runtime is not None else None
-        if state is not None and state.in_flight:
-            return "client does not own message"
-        return "ID not in flight"
-
-    def _can_answer(self) -> bool:
-        return self.state in (State.SUBSCRIBED, State.CLOSING)
 
     async def _finish(self, raw_ids: list[bytes]) -> None:
         """FIN of each id (16 bytes each, the client subscribed): one ledger submission for
         all; those this client does not hold get nsqd's E_FIN_FAILED, in order."""
         answers: list[tuple[str, str]] = []
-        in_flight = self.in_flight
+        in_flight = self.client.in_flight
         for raw in raw_ids:
             message_id = raw.decode("latin-1")
             lease = in_flight.pop(message_id, None)
             if lease is None:
-                why = self._why_not(message_id)
+                why = self.client.why_not(message_id)
                 self.transport.write(
                     frames.error(f"E_FIN_FAILED FIN {message_id} failed {why}".encode())
                 )
@@ -641,19 +575,18 @@ class Connection:
         # If the channel's shares are changing here, the runtime that follows has these leases
         # (restored from the ledger); a closed one with none refuses them below.
         try:
-            runtime = await self._follow_hand_on() or self.runtime
+            runtime = await self.client.follow_hand_on() or self.client.runtime
         except TimeoutError:
-            runtime = self.runtime
+            runtime = self.client.runtime
         assert runtime is not None
         refused: list[str] = []
         while answers:
             try:
-                committed = runtime.settle_nowait(
+                committed = runtime.answer(
                     kind,
                     answers,
                     delay_us=delay_us,
-                    lease_us=self.options.msg_timeout_ms * 1000,
-                    max_lease_us=self.settings.max_msg_timeout_ms * 1000,
+                    lease_us=self.client.options.msg_timeout_ms * 1000,
                     lazy=True,
                 )
             except SettleError as exc:
@@ -676,7 +609,7 @@ class Connection:
         return refused
 
     def _failed(self, command: str, message_id: str, why: str) -> None:
-        self.in_flight.pop(message_id, None)
+        self.client.in_flight.pop(message_id, None)
         self.transport.write(
             frames.error(f"E_{command}_FAILED {command} {message_id} failed {why}".encode())
         )
@@ -698,13 +631,13 @@ class Connection:
 
     async def _fin(self, params: list[bytes]) -> bytes | None:
         message_id, lease = self._held("FIN", params, 2)
-        del self.in_flight[message_id]
+        del self.client.in_flight[message_id]
         await self._settle_all("FIN", EventKind.FIN, [Answer(message_id, lease)])
         self._ready_changed.set()
         return None
 
     async def _req(self, params: list[bytes]) -> bytes | None:
-        if self.state not in (State.SUBSCRIBED, State.CLOSING):
+        if not self.client.can_answer():
             raise FatalClientError("E_INVALID", "cannot REQ in current state")
         if len(params) < 3:
             raise FatalClientError("E_INVALID", "REQ insufficient number of params")
@@ -716,7 +649,7 @@ class Connection:
         # nsqd clamps the delay to 0..max_req_timeout rather than refusing it.
         delay_ms = min(max(timeout_ms, 0), self.settings.max_req_timeout_ms)
         message_id, lease = self._held("REQ", params, 3)
-        del self.in_flight[message_id]
+        del self.client.in_flight[message_id]
         await self._settle_all(
             "REQ", EventKind.REQ, [Answer(message_id, lease)], delay_us=delay_ms * 1000
         )
@@ -729,10 +662,10 @@ class Connection:
         return None
 
     async def _cls(self, params: list[bytes]) -> bytes | None:
-        if self.state is not State.SUBSCRIBED:
+        if self.client.state is not State.SUBSCRIBED:
             raise FatalClientError("E_INVALID", "cannot CLS in current state")
-        self.ready_count = 0
-        self.state = State.CLOSING
+        self.client.ready_count = 0
+        self.client.state = State.CLOSING
         return frames.CLOSE_WAIT
 
     # -- publishing ---------------------------------------------------------------------------

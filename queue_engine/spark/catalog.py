@@ -22,11 +22,11 @@ from __future__ import annotations
 import hashlib
 import re
 
-from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from queue_engine.spark.session import Engine, delta_spark_package, engine, hadoop_path
 from queue_engine.spark.views import read_registry
+from queue_engine.store.delta import is_table
 from queue_engine.store.tables import Warehouse
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
@@ -78,7 +78,7 @@ def register_tables(
     existing = {t.name for t in spark.catalog.listTables(database) if not t.isTemporary}
     registered: dict[str, str] = {}
     for name, path in wanted.items():
-        if not DeltaTable.is_deltatable(path):
+        if not is_table(path):
             continue
         # NSQ's names cannot hold a quote; a warehouse path might.
         location = (root + path.removeprefix(wh.root)).replace("'", "\\'")

@@ -15,24 +15,21 @@ registered, and the rows carry ``topic`` and ``channel`` columns.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
-from deltalake import DeltaTable
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from queue_engine.store.commit_log import live_files
-from queue_engine.store.state import STATE_SCHEMA
+from queue_engine.store.delta import live_files, open_as_of
+from queue_engine.store.storage import filesystem, parquet_dataset
 from queue_engine.store.tables import (
     CHANNEL_MESSAGES_SCHEMA,
     DEAD_LETTER_SCHEMA,
     LEDGER_SCHEMA,
+    STATE_SCHEMA,
     Warehouse,
-    filesystem,
-    parquet_dataset,
 )
 
 TABLE_SCHEMAS = {
@@ -59,19 +56,6 @@ def channels_schema(options: Any) -> pa.Schema:
 def _as_of(options: Any) -> datetime | None:
     value = options.get("timestampAsOf")
     return None if value is None else datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-
-
-def open_as_of(path: str, as_of: datetime | None) -> DeltaTable | None:
-    """The table at ``path`` (as of ``as_of``); None if it did not exist (then)."""
-    if "://" not in path and not os.path.isdir(f"{path}/_delta_log"):
-        return None  # no table: not worth asking delta-rs
-    try:
-        dt = DeltaTable(path)
-        if as_of is not None:
-            dt.load_as_version(as_of)
-    except Exception:
-        return None
-    return dt
 
 
 class ChannelTablesReader(DataSourceReader):

@@ -28,7 +28,7 @@ import shutil
 import tempfile
 import threading
 
-from queue_engine.store.object_store import (
+from queue_engine.store.storage import (
     StoreError,
     delete_objects,
     list_objects,

@@ -20,7 +20,7 @@ import os
 import re
 import uuid
 
-from queue_engine.store.fs_sync import sync_directory, sync_file
+from queue_engine.store.storage import sync_directory, sync_file
 
 log = logging.getLogger(__name__)
 

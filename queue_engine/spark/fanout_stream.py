@@ -23,8 +23,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
-from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
@@ -47,13 +45,19 @@ from queue_engine.spark.session import (
     engine,
 )
 from queue_engine.spark.trigger_log import TriggerLog
-from queue_engine.store.append_once import IdempotentAppender
-from queue_engine.store.commit_log import latest_version
-from queue_engine.store.fs_sync import sync_commits
-from queue_engine.store.notices import NoticeWriter
-from queue_engine.store.object_store import StoreError, is_remote
-from queue_engine.store.registry_store import RegistryReader
-from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, Warehouse, open_or_create
+from queue_engine.store.delta import (
+    IdempotentAppender,
+    app_transaction_version,
+    latest_version,
+    open_or_create,
+)
+from queue_engine.store.storage import StoreError, is_remote, sync_commits
+from queue_engine.store.tables import (
+    CHANNEL_MESSAGES_SCHEMA,
+    NoticeWriter,
+    RegistryReader,
+    Warehouse,
+)
 
 log = logging.getLogger(__name__)
 
@@ -286,10 +290,7 @@ def refuse_foreign_history(warehouse: Warehouse, registry: Registry, location: s
     for topic, info in sorted(registry.topics.items()):
         for name in sorted(info.channels):
             path = warehouse.channel_messages_path(topic, name)
-            try:
-                recorded = DeltaTable(path).transaction_version(FANOUT_APP_ID)
-            except TableNotFoundError:
-                continue
+            recorded = app_transaction_version(path, FANOUT_APP_ID)
             if recorded is not None:
                 raise ForeignCheckpointError(
                     f"channel {topic}/{name} holds fanout batches up to {recorded} from another "

@@ -24,7 +24,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from queue_engine.spark.channel_tables import FILES_PER_PARTITION, TABLE_SCHEMAS
 from queue_engine.state_fold import FOLD_INPUT_SCHEMA, event_input, message_input, state_input
-from queue_engine.store.tables import filesystem, parquet_dataset
+from queue_engine.store.storage import filesystem, parquet_dataset
 
 # The channel's number in the sweep's plan, on every input and output row.
 CHANNEL_COLUMN = "chan"

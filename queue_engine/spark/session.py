@@ -24,7 +24,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from queue_engine.store.object_store import StoreError, executor_environment
+from queue_engine.store.storage import StoreError, executor_environment
 
 log = logging.getLogger(__name__)
 

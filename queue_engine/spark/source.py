@@ -24,11 +24,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -36,10 +34,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
-from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -71,23 +66,31 @@ from queue_engine.spark.channel_tables import (
     channels_schema,
 )
 from queue_engine.spark.prefetch import PREFETCH_SUPPORTED, SimpleInputPartition, SimpleWrapper
-from queue_engine.store.append import file_stats_json
-from queue_engine.store.commit_log import (
+from queue_engine.store.delta import (
     AddedFilesCache,
     RefusedCommit,
+    WrittenFile,
     added_files,
+    commit_written_files,
+    conform,
+    discard_files,
+    file_uris,
     latest_version,
+    table_schema,
+    write_data_file,
 )
-from queue_engine.store.fs_sync import sync_commits, sync_file
-from queue_engine.store.notices import NoticeReader, topic_writers
-from queue_engine.store.object_store import is_remote, read_objects
-from queue_engine.store.registry_store import RegistryReader
+from queue_engine.store.storage import (
+    filesystem,
+    is_remote,
+    parquet_dataset,
+    read_objects,
+)
 from queue_engine.store.tables import (
     TOPIC_SCHEMA,
+    NoticeReader,
+    RegistryReader,
     Warehouse,
-    conform,
-    filesystem,
-    parquet_dataset,
+    topic_writers,
 )
 
 log = logging.getLogger(__name__)
@@ -156,7 +159,7 @@ class DeltaqDataSource(DataSource):
             return from_arrow_schema(TOPIC_COUNTS_SCHEMA)
         if kind == "fold_inputs":
             return from_arrow_schema(fold_inputs.INPUT_ARROW_SCHEMA)
-        return from_arrow_schema(_arrow_schema(self.options["path"]))
+        return from_arrow_schema(table_schema(self.options["path"]))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         kind = str(self.options.get("kind", "table"))
@@ -215,10 +218,6 @@ class DeltaqDataSource(DataSource):
         return TableStreamWriter(self.options["path"], str(self.options.get("appId", "deltaq")))
 
 
-def _arrow_schema(path: str) -> pa.Schema:
-    return pa.schema(DeltaTable(path).schema().to_arrow())
-
-
 # -- batch reading -------------------------------------------------------------------------
 
 
@@ -236,12 +235,10 @@ class Selection:
         if self.to_version is not None:
             start = -1 if self.after_version is None else self.after_version
             return [f.path for f in added_files(path, start, self.to_version)]
-        dt = DeltaTable(path)
-        if self.version_as_of is not None:
-            dt.load_as_version(self.version_as_of)
-        elif self.timestamp_as_of is not None:
-            dt.load_as_version(datetime.fromisoformat(self.timestamp_as_of.replace("Z", "+00:00")))
-        return list(dt.file_uris())
+        as_of: int | datetime | None = self.version_as_of
+        if as_of is None and self.timestamp_as_of is not None:
+            as_of = datetime.fromisoformat(self.timestamp_as_of.replace("Z", "+00:00"))
+        return file_uris(path, as_of)
 
 
 def _selection(options: Any) -> Selection:
@@ -273,7 +270,7 @@ class TableReader(DataSourceReader):
         files = _files(partition)
         if not files:
             return
-        dataset = parquet_dataset([f[0] for f in files], _arrow_schema(self.path))
+        dataset = parquet_dataset([f[0] for f in files], table_schema(self.path))
         yield from dataset.to_batches()
 
 
@@ -395,7 +392,7 @@ class TableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        yield from _read_files(_files(partition), _arrow_schema(self.path), with_topic=False)
+        yield from _read_files(_files(partition), table_schema(self.path), with_topic=False)
 
     def commit(self, end: dict[str, int]) -> None:
         return None
@@ -655,7 +652,7 @@ class AddedFiles(WriterCommitMessage):
     """Data files a task wrote into the table's directory, not yet part of the table: each as
     (name relative to the table, size in bytes, Delta statistics JSON)."""
 
-    files: list[tuple[str, int, str]]
+    files: list[WrittenFile]
 
 
 @dataclass(frozen=True)
@@ -691,7 +688,7 @@ class TableWriter(DataSourceArrowWriter):
         self.transaction = transaction
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> AddedFiles:
-        return AddedFiles(_write_data_file(self.path, iterator))
+        return AddedFiles(write_data_file(self.path, iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         _commit_files(self.path, messages, self.transaction, overwrite=self.overwrite)
@@ -708,7 +705,7 @@ class TableStreamWriter(DataSourceStreamArrowWriter):
         self.app_id = app_id
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> AddedFiles:
-        return AddedFiles(_write_data_file(self.path, iterator))
+        return AddedFiles(write_data_file(self.path, iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _commit_files(self.path, messages, AppTransaction(self.app_id, batchId), overwrite=False)
@@ -717,26 +714,8 @@ class TableStreamWriter(DataSourceStreamArrowWriter):
         _discard(self.path, messages)
 
 
-def _write_data_file(path: str, iterator: Iterator[pa.RecordBatch]) -> list[tuple[str, int, str]]:
-    """The task's rows as one Parquet data file in the table's directory (none for no rows).
-    A local file is written under a temporary name and renamed; an object store's object
-    appears whole when its upload completes."""
-    batches = [batch for batch in iterator if batch.num_rows]
-    if not batches:
-        return []
-    table = pa.Table.from_batches(batches).cast(_arrow_schema(path))
-    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-    fs, root = filesystem(path)
-    target = f"{root.rstrip('/')}/{name}"
-    if isinstance(fs, pafs.LocalFileSystem):
-        staging = f"{root.rstrip('/')}/.{name}.tmp"
-        pq.write_table(table, staging, filesystem=fs, compression="snappy")
-        sync_file(staging)  # durable before the commit that names it
-        fs.move(staging, target)
-    else:
-        pq.write_table(table, target, filesystem=fs, compression="snappy")
-    size = fs.get_file_info(target).size
-    return [(name, int(size or 0), file_stats_json(table))]
+def _files_of(messages: list[WriterCommitMessage | None]) -> list[WrittenFile]:
+    return [f for m in messages if isinstance(m, AddedFiles) for f in m.files]
 
 
 def _commit_files(
@@ -748,40 +727,12 @@ def _commit_files(
 ) -> None:
     """Commit the tasks' files in one log entry (recording ``transaction``), unless the table
     already recorded that transaction: then the files are removed, the write was done before."""
-    files = [f for m in messages if isinstance(m, AddedFiles) for f in m.files]
-    dt = DeltaTable(path)
-    if transaction is not None:
-        recorded = dt.transaction_version(transaction.app_id)
-        if recorded is not None and recorded >= transaction.version:
-            _discard(path, messages)
-            return
-    elif not files and not overwrite:
-        return
-    now_ms = int(time.time() * 1000)
-    adds: list[AddAction | RemoveAction] = [
-        AddAction(name, size, {}, now_ms, True, stats) for name, size, stats in files
-    ]
-    properties = None
-    if transaction is not None:
-        txn = Transaction(transaction.app_id, transaction.version, now_ms)
-        properties = CommitProperties(app_transactions=[txn])
-    before = int(dt.version())
-    dt.create_write_transaction(
-        adds,
-        mode="overwrite" if overwrite else "append",
-        schema=_arrow_schema(path),
-        commit_properties=properties,
-    )
-    sync_commits(path, before + 1, int(dt.version()))
+    txn = None if transaction is None else (transaction.app_id, transaction.version)
+    commit_written_files(path, _files_of(messages), txn, overwrite=overwrite)
 
 
 def _discard(path: str, messages: list[WriterCommitMessage | None]) -> None:
-    fs, root = filesystem(path)
-    for m in messages:
-        if isinstance(m, AddedFiles):
-            for name, _, _ in m.files:
-                with contextlib.suppress(OSError):
-                    fs.delete_file(f"{root.rstrip('/')}/{name}")
+    discard_files(path, [name for name, _, _ in _files_of(messages)])
 
 
 __all__ = ["DeltaqDataSource"]

@@ -27,11 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from queue_engine.retention import RetentionPolicy, RetentionReport, apply_retention
 from queue_engine.spark import fold_inputs
 from queue_engine.state_fold import (
     FINISHED,
@@ -39,25 +37,32 @@ from queue_engine.state_fold import (
     fold_sorted,
     fold_tables,
 )
-from queue_engine.store.commit_log import AddedFile, added_files, commit_info, latest_version
-from queue_engine.store.fs_sync import sync_commits
-from queue_engine.store.maintenance import Maintenance
-from queue_engine.store.notices import NoticeWriter
-from queue_engine.store.registry_store import RegistryReader
-from queue_engine.store.state import (
-    SWEEP_WRITER,
-    WRITER_KEY,
-    StateMeta,
-    write_state,
+from queue_engine.store.delta import (
+    AddedFile,
+    added_files,
+    commit_info,
+    latest_version,
+    repair_once,
 )
-from queue_engine.store.sweep_marks import Mark, Marks, current_meta, load_marks, save_marks
+from queue_engine.store.storage import parquet_dataset
 from queue_engine.store.tables import (
     CHANNEL_MESSAGES_SCHEMA,
     LEDGER_SCHEMA,
+    Mark,
+    Marks,
+    NoticeWriter,
+    RegistryReader,
+    StateMeta,
+    StateSnapshot,
     Warehouse,
-    parquet_dataset,
+    append_sweep_events,
+    current_meta,
+    load_marks,
+    max_topic_version,
+    save_marks,
+    write_state,
 )
-from queue_engine.store.torn_tail import repair_once
+from queue_engine.store.upkeep import Maintenance, RetentionPolicy, RetentionReport, apply_retention
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +117,7 @@ def plan(
 ) -> tuple[list[ChannelPlan], int]:
     """The channels to sweep now, and how many were skipped (nothing new, nothing due).
 
-    ``marks`` (queue_engine.store.sweep_marks) spare opening the state table of a channel
+    ``marks`` (queue_engine.store.tables.sweep_marks) spare opening the state table of a channel
     whose state did not change since the marks were written; on return they hold every
     channel's current mark (the plans' channels are marked again by ``sweep``)."""
     registry = RegistryReader(warehouse.registry_path).get()
@@ -366,13 +371,13 @@ class _DriverInputs:
     to fold, then read from the same files if the driver folds."""
 
     plan: ChannelPlan
-    state: DeltaTable | None
+    state: StateSnapshot | None
     messages: list[AddedFile]
     ledger: list[AddedFile]
 
     @classmethod
     def of(cls, p: ChannelPlan) -> _DriverInputs:
-        state = DeltaTable(p.state_path, version=p.meta.state_version) if p.meta else None
+        state = StateSnapshot(p.state_path, p.meta.state_version) if p.meta else None
         return cls(
             p,
             state,
@@ -385,14 +390,14 @@ class _DriverInputs:
         count counts as ``unknown`` + 1: too many to fold on the driver)."""
         counts = [f.num_records for f in (*self.messages, *self.ledger)]
         if self.state is not None:
-            counts += pa.table(self.state.get_add_actions(flatten=True))["num_records"].to_pylist()
+            counts += self.state.record_counts()
         return sum(unknown + 1 if n is None else int(n) for n in counts)
 
     def fold(self, now: int) -> pa.Table:
         """The plan's fold output, computed here from the same inputs as ``fold_frame`` reads."""
         p = self.plan
         rows = fold_tables(
-            self.state.to_pyarrow_table() if self.state is not None else None,
+            self.state.read() if self.state is not None else None,
             _rows(self.messages, CHANNEL_MESSAGES_SCHEMA),
             _rows(self.ledger, LEDGER_SCHEMA),
             now,
@@ -449,19 +454,11 @@ def _commit_channel(
             ],
             schema=LEDGER_SCHEMA,
         )
-        ledger = DeltaTable(p.ledger_path)
-        before = int(ledger.version())
-        write_deltalake(
-            ledger,
-            events,
-            mode="append",
-            commit_properties=CommitProperties(custom_metadata={WRITER_KEY: SWEEP_WRITER}),
-        )
-        sync_commits(p.ledger_path, before + 1, int(ledger.version()))
-        if ledger.version() == p.ledger_version + 1:
+        _, after = append_sweep_events(p.ledger_path, events)
+        if after == p.ledger_version + 1:
             # Nobody committed in between: the rows are exactly the fold of the ledger up to
             # the TIMEOUT commit, so the next sweep need not read it back.
-            ledger_version = ledger.version()
+            ledger_version = after
     is_finished = pc.equal(rows["status"], FINISHED)
     done = rows.filter(is_finished)
     live = rows.filter(pc.invert(is_finished))
@@ -496,18 +493,4 @@ def _next_due(live: pa.Table) -> int | None:
 def _max_topic_version(p: ChannelPlan) -> int:
     """The highest topic_version of the channel table at the version swept: the restart
     cursor (a row at or below it is live iff it has a state row; FIN'd rows are gone)."""
-    try:
-        dt = DeltaTable(p.messages_path)
-    except Exception:
-        return -1
-    if p.messages_version >= 0 and dt.version() != p.messages_version:
-        dt.load_as_version(p.messages_version)
-    actions = pa.table(dt.get_add_actions(flatten=True))
-    column = "max.topic_version"
-    if column in actions.column_names and actions.num_rows:
-        value = pc.max(actions[column]).as_py()
-        if value is not None:
-            return int(value)
-    if not actions.num_rows:
-        return -1
-    return int(pc.max(dt.to_pyarrow_table(columns=["topic_version"])["topic_version"]).as_py())
+    return max_topic_version(p.messages_path, p.messages_version)

@@ -34,14 +34,18 @@ from queue_engine.registry import Registry
 from queue_engine.spark.channel_tables import (
     TABLE_SCHEMAS,
     TOPIC_COUNTS_SCHEMA,
-    open_as_of,
     with_names,
 )
 from queue_engine.spark.session import register
-from queue_engine.store.registry_store import events_from_table
-from queue_engine.store.state import StateMeta, meta_of
-from queue_engine.store.sweep_marks import current_meta, load_marks
-from queue_engine.store.tables import Warehouse
+from queue_engine.store.delta import open_as_of
+from queue_engine.store.tables import (
+    StateMeta,
+    Warehouse,
+    current_meta,
+    events_from_table,
+    load_marks,
+    meta_of,
+)
 
 log = logging.getLogger(__name__)
 

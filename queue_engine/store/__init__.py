@@ -1,1 +1,14 @@
-"""Delta I/O: the only package that imports deltalake."""
+"""Delta I/O and what the tables need beside it, by concern, each a package whose ``__init__``
+names what it offers:
+
+- ``storage``: local and object-store paths, objects, put-if-absent, durable local files;
+- ``delta``: Delta commit mechanics (open, log, features, appends, spare and removed files,
+  power-cut tails);
+- ``tables``: deltaq's tables, where each lives, its schema, its reader and writer;
+- ``journal``: the node journal, acknowledged before the topic tables are;
+- ``coordination``: nodes sharing a warehouse, lane ownership, locks in the warehouse;
+- ``upkeep``: compaction, checkpoints, vacuum and retention.
+
+Each imports only those listed before it (``journal`` and ``coordination`` use ``tables``'
+paths). ``delta``, ``tables`` and ``upkeep`` are the packages that import deltalake.
+"""

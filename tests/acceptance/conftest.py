@@ -10,11 +10,11 @@ import httpx
 import pytest
 from pyspark.sql import SparkSession
 
+from deltaq.testing.s3 import S3Server, free_port, moto_server_command
 from queue_engine.spark.fanout_stream import start_fanout
 from queue_engine.store.tables import Warehouse
 from tests import power_cut
 from tests.conftest import Server
-from tests.s3 import S3Server, free_port, moto_server_command
 
 # The bucket the object-storage tests keep their warehouses in (each under its own prefix).
 BUCKET = "deltaq-tests"

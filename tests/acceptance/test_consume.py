@@ -13,8 +13,7 @@ import httpx
 import pytest
 
 from queue_engine.lease import fold
-from queue_engine.store.ledger import read_ledger
-from queue_engine.store.tables import Warehouse
+from queue_engine.store.tables import Warehouse, read_ledger
 from tests.conftest import Server
 from tests.consumers import answer, body, channel_stats, create_channel, sub
 

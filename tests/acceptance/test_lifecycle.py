@@ -16,8 +16,7 @@ from pyspark.sql import SparkSession
 from queue_engine.lease import EventKind, fold
 from queue_engine.spark.sweep import sweep
 from queue_engine.spark.views import register_views
-from queue_engine.store.ledger import read_ledger
-from queue_engine.store.tables import Warehouse
+from queue_engine.store.tables import Warehouse, read_ledger
 from tests.conftest import Server, run_deltaq
 from tests.consumers import answer, body, channel_stats, create_channel, sub, sub_all
 

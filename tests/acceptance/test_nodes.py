@@ -25,12 +25,12 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
+from deltaq.testing.s3 import S3Server, store_env
 from queue_engine.message import LANES
 from queue_engine.store.tables import Warehouse
 from tests.acceptance.conftest import BUCKET
 from tests.conftest import HOST, ROOT, Server, free_port
 from tests.nsq_wire import ERROR, RESPONSE, Wire, identify
-from tests.s3 import S3Server, store_env
 
 TOPIC, CHANNEL = "work", "workers"
 PER_PUBLISHER = 150

@@ -30,14 +30,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from queue_engine.spark.checkpoint_mirror import CheckpointMirror
-from queue_engine.spark.session import hadoop_aws_package
-from queue_engine.store.job_lock import JobLock
-from queue_engine.store.tables import Warehouse
-from tests.acceptance.conftest import BUCKET
-from tests.conftest import ROOT, Server, run_deltaq
-from tests.consumers import answer, body, channel_stats, create_channel, sub
-from tests.s3 import (
+from deltaq.testing.s3 import (
     S3Server,
     StoreProxy,
     free_port,
@@ -45,6 +38,13 @@ from tests.s3 import (
     storage_options,
     store_env,
 )
+from queue_engine.spark.checkpoint_mirror import CheckpointMirror
+from queue_engine.spark.session import hadoop_aws_package
+from queue_engine.store.coordination import JobLock
+from queue_engine.store.tables import Warehouse
+from tests.acceptance.conftest import BUCKET
+from tests.conftest import ROOT, Server, run_deltaq
+from tests.consumers import answer, body, channel_stats, create_channel, sub
 
 pytestmark = pytest.mark.slow
 
@@ -441,7 +441,7 @@ def test_deleting_many_objects_takes_one_request(
 ) -> None:
     """What the journal's truncation and the checkpoint mirror delete goes in one S3
     DeleteObjects request, not one request per object; a key already gone is no error."""
-    from queue_engine.store import object_store
+    from queue_engine.store.storage import object_store
 
     trace: list[str] = []
     proxy = StoreProxy(s3_server.port, trace=trace).start()

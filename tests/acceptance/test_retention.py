@@ -16,19 +16,19 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+from deltaq.testing.s3 import S3Server, store_env
 from queue_engine.message import SEQUENCE_BITS
 from queue_engine.registry import Registry, TopicInfo
-from queue_engine.retention import RetentionPolicy, apply_retention
 from queue_engine.settings import RetentionMode
 from queue_engine.spark.sweep import sweep
 from queue_engine.spark.views import register_views
-from queue_engine.store import object_store
-from queue_engine.store.append import ObjectStoreAppender, appender_for
-from queue_engine.store.tables import TOPIC_SCHEMA, Warehouse, conform, open_or_create
+from queue_engine.store.delta import ObjectStoreAppender, appender_for, conform, open_or_create
+from queue_engine.store.storage import object_store
+from queue_engine.store.tables import TOPIC_SCHEMA, Warehouse
+from queue_engine.store.upkeep import RetentionPolicy, apply_retention
 from tests.acceptance.conftest import BUCKET
 from tests.conftest import Server, run_deltaq
 from tests.consumers import answer, body, channel_stats, create_channel, sub, sub_all
-from tests.s3 import S3Server, store_env
 
 _UTC_US = pa.timestamp("us", "UTC")
 # 1.8 s: what is kept "for hours" in production is kept for seconds here.

@@ -18,12 +18,12 @@ import httpx
 import pytest
 from deltalake import DeltaTable
 
+from deltaq.testing.s3 import S3Server, storage_options, store_env
 from queue_engine.spark.session import delta_spark_package
 from queue_engine.store.tables import Warehouse
 from tests.acceptance.conftest import BUCKET
 from tests.conftest import ROOT, Server
 from tests.consumers import create_channel
-from tests.s3 import S3Server, storage_options, store_env
 from tests.spark_cluster import SPARK_CLASS, SPARK_SUBMIT, SparkCluster, spark_env
 
 pytestmark = pytest.mark.slow

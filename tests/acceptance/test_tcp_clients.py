@@ -18,8 +18,7 @@ import pytest
 import trustme
 
 from queue_engine.lease import EventKind
-from queue_engine.store.ledger import read_ledger
-from queue_engine.store.tables import Warehouse
+from queue_engine.store.tables import Warehouse, read_ledger
 from tests.conftest import ROOT, Server
 from tests.nsq_wire import Wire, identify, tool
 

@@ -13,11 +13,9 @@ import pytest
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
-from queue_engine.store import compaction
-from queue_engine.store.append import LocalAppender
-from queue_engine.store.commit_log import added_files
-from queue_engine.store.compaction import CompactionConflict, compact_small_files
-from queue_engine.store.tables import TOPIC_SCHEMA, conform, open_or_create
+from queue_engine.store.delta import LocalAppender, added_files, conform, open_or_create
+from queue_engine.store.tables import TOPIC_SCHEMA
+from queue_engine.store.upkeep import CompactionConflict, compact_small_files, compaction
 
 TARGET = 1 << 20
 

@@ -12,12 +12,17 @@ import httpx
 import pytest
 from deltalake import DeltaTable
 
-from queue_engine.store import fs_sync
-from queue_engine.store import journal as journal_module
-from queue_engine.store.journal import Journal, app_id, journal_tokens, read_journal
-from queue_engine.store.journal_format import Record, encode
-from queue_engine.store.tables import Warehouse
-from queue_engine.store.writer import TopicWriter
+from queue_engine.store.journal import (
+    Journal,
+    Record,
+    app_id,
+    encode,
+    journal_tokens,
+    read_journal,
+)
+from queue_engine.store.journal import node_journal as journal_module
+from queue_engine.store.storage import fs_sync
+from queue_engine.store.tables import TopicWriter, Warehouse
 from tests.conftest import Server, read_topic, topic_rows
 
 

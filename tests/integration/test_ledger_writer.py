@@ -11,11 +11,15 @@ from deltalake import DeltaTable
 
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.lease import EventKind, LeaseEvent
-from queue_engine.store import put_if_absent
-from queue_engine.store.group_commit import WriterClosedError
-from queue_engine.store.ledger import EVENT_BYTES, LedgerWriter, read_ledger
-from queue_engine.store.loop_ledger import LoopLedgerWriter, open_ledger_writer
-from queue_engine.store.put_if_absent import move_if_absent
+from queue_engine.store.delta import WriterClosedError
+from queue_engine.store.storage import move_if_absent, put_if_absent
+from queue_engine.store.tables import (
+    EVENT_BYTES,
+    LedgerWriter,
+    LoopLedgerWriter,
+    open_ledger_writer,
+    read_ledger,
+)
 
 BASE_US = 1_790_000_000_000_000
 

@@ -10,13 +10,13 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from queue_engine.registry import Action, Registry, RegistryEvent
-from queue_engine.store.registry_store import (
+from queue_engine.store.tables import (
+    REGISTRY_SCHEMA,
     RegistryMovedError,
     RegistryReader,
     RegistryStore,
     load_events,
 )
-from queue_engine.store.tables import REGISTRY_SCHEMA
 
 _OLD_SCHEMA = pa.schema([f for f in REGISTRY_SCHEMA if f.name != "options"])
 

@@ -18,9 +18,8 @@ from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.fanout import route
 from queue_engine.registry import Action, Registry, RegistryEvent
 from queue_engine.replay import parse_bound, run_replay
-from queue_engine.store.commit_log import commit_file, commit_info
-from queue_engine.store.remove_files import remove_files
-from queue_engine.store.writer import TopicWriter
+from queue_engine.store.delta import commit_file, commit_info, remove_files
+from queue_engine.store.tables import TopicWriter
 
 
 class _Done:
@@ -108,7 +107,7 @@ def test_a_range_written_by_several_nodes_is_exactly_its_versions_rows(
     """Two nodes append to one topic, each with ids of its own lane; the clock of one runs an
     hour ahead, so their commits interleave while their ids do not follow the versions: a
     replay of some versions copies exactly those versions' rows, none of the other node's."""
-    import queue_engine.store.writer as writer_module
+    import queue_engine.store.tables.topic_writer as writer_module
 
     class _Clock:
         skew_ns = 0

@@ -15,21 +15,28 @@ from queue_engine.channel_restore import restore_channel
 from queue_engine.lease import EventKind, LeaseEvent
 from queue_engine.message import SEQUENCE_BITS
 from queue_engine.registry import ChannelInfo, Registry, TopicInfo
-from queue_engine.retention import RetentionPolicy, apply_retention
 from queue_engine.settings import RetentionMode
-from queue_engine.store.append import LocalAppender
-from queue_engine.store.dead_letters import DeadLetterStore
-from queue_engine.store.ledger import events_to_arrow
-from queue_engine.store.remove_files import RemovalConflict, remove_files
-from queue_engine.store.state import STATE_SCHEMA, StateMeta, meta_as_of, read_meta, write_state
+from queue_engine.store.delta import (
+    LocalAppender,
+    RemovalConflict,
+    conform,
+    open_or_create,
+    remove_files,
+)
 from queue_engine.store.tables import (
     CHANNEL_MESSAGES_SCHEMA,
     LEDGER_SCHEMA,
+    STATE_SCHEMA,
     TOPIC_SCHEMA,
+    DeadLetterStore,
+    StateMeta,
     Warehouse,
-    conform,
-    open_or_create,
+    events_to_arrow,
+    meta_as_of,
+    read_meta,
+    write_state,
 )
+from queue_engine.store.upkeep import RetentionPolicy, apply_retention
 
 HOUR = 3_600_000_000
 NOW = 1_790_000_000_000_000 + 10 * HOUR

@@ -12,27 +12,28 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from queue_engine.retention import RetentionReport
 from queue_engine.spark.source import _read_files
-from queue_engine.store.append import (
+from queue_engine.store.delta import (
+    AddedFilesCache,
     ConstraintViolation,
     DeltaRsAppender,
     LocalAppender,
     RefusedAppender,
+    RefusedCommit,
+    RemovalConflict,
+    added_files,
     append_or_fall_back,
     appender_for,
-)
-from queue_engine.store.commit_log import AddedFilesCache, RefusedCommit, added_files
-from queue_engine.store.compaction import compact_small_files
-from queue_engine.store.remove_files import RemovalConflict, removal_supported, remove_files
-from queue_engine.store.table_features import (
     commit_refusal,
+    open_or_create,
     protocol_refusal,
+    removal_supported,
+    remove_files,
     schema_refusal,
     unsupported_features,
 )
-from queue_engine.store.tables import TOPIC_SCHEMA, open_or_create
-from queue_engine.store.writer import TopicWriter
+from queue_engine.store.tables import TOPIC_SCHEMA, TopicWriter
+from queue_engine.store.upkeep import RetentionReport, compact_small_files
 from tests.integration.test_topic_writer import Results, now_us
 from tests.spark.test_source import batch
 
@@ -254,7 +255,7 @@ def test_retention_removes_with_data_change_and_leaves_append_only_tables(tmp_pa
     reason = removal_supported(DeltaTable(path))
     assert reason is not None and "appendOnly" in reason
     report = RetentionReport()
-    from queue_engine.retention import _open
+    from queue_engine.store.upkeep.retention import _open
 
     assert _open(path, report) is None
     assert any("appendOnly" in s for s in report.skipped)
@@ -269,7 +270,7 @@ def test_compaction_moves_rows_and_aborts_when_another_writer_removed_an_input(
     # Another engine removed one of the files compaction is about to rewrite (its own OPTIMIZE
     # or a DELETE): compaction from the older snapshot must not resurrect those rows.
     DeltaTable(path).delete(f"id = '{before[0]}'")
-    from queue_engine.store.compaction import CompactionConflict
+    from queue_engine.store.upkeep import CompactionConflict
 
     with pytest.raises(CompactionConflict):
         compact_small_files(path, stale, 1 << 20)

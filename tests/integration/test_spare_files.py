@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from queue_engine.store.spare_files import SpareFiles
+from queue_engine.store.delta import SpareFiles
 
 
 def _ready(spares: SpareFiles, count: int) -> list[str]:

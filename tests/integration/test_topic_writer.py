@@ -15,12 +15,27 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError
 
-from queue_engine.store import maintenance
-from queue_engine.store.append import DeltaRsAppender, LocalAppender, appender_for
-from queue_engine.store.channel_reader import COLUMNS, ChannelReader
-from queue_engine.store.maintenance import Maintenance, MaintenancePolicy, MaintenanceProcessError
-from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, TOPIC_SCHEMA, conform, open_or_create
-from queue_engine.store.writer import TopicWriter, WriterClosedError
+from queue_engine.store.delta import (
+    DeltaRsAppender,
+    LocalAppender,
+    WriterClosedError,
+    appender_for,
+    conform,
+    open_or_create,
+)
+from queue_engine.store.tables import (
+    CHANNEL_MESSAGES_SCHEMA,
+    COLUMNS,
+    TOPIC_SCHEMA,
+    ChannelReader,
+    TopicWriter,
+)
+from queue_engine.store.upkeep import (
+    Maintenance,
+    MaintenancePolicy,
+    MaintenanceProcessError,
+    maintenance,
+)
 
 
 class Results:
@@ -196,7 +211,7 @@ def test_commit_max_bytes_splits_batches(tmp_path: Path) -> None:
 
 def _batch(n: int, first: int = 0) -> pa.Table:
     from queue_engine.message import LANES
-    from queue_engine.store.writer import _Publish, _to_arrow
+    from queue_engine.store.tables.topic_writer import _Publish, _to_arrow
 
     # Ids of one lane are LANES apart: the n-th block of ids starts at first * LANES.
     return _to_arrow([_Publish([b"b"] * n, n, now_us(), None)], first * LANES, n)
@@ -260,7 +275,7 @@ def test_local_appender_output_has_exact_stats(tmp_path: Path) -> None:
 def test_appenders_record_the_app_transaction_in_the_same_commit(tmp_path: Path) -> None:
     from deltalake.transaction import Transaction
 
-    from queue_engine.store.append_once import IdempotentAppender
+    from queue_engine.store.delta import IdempotentAppender
 
     for kind, make in (("fast", LocalAppender), ("delta-rs", DeltaRsAppender)):
         path = str(tmp_path / kind)
@@ -359,7 +374,7 @@ def test_an_unchanged_table_is_vacuumed_again_only_once_its_removals_matured(
 
 
 def test_live_files_replayed_from_the_log_are_delta_rs_own(tmp_path: Path) -> None:
-    from queue_engine.store.commit_log import live_files
+    from queue_engine.store.delta import live_files
 
     def same() -> None:
         replayed = live_files(path)

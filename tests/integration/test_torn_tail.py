@@ -12,9 +12,14 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from queue_engine.spark.checkpoint_sync import repair_checkpoint
-from queue_engine.store.append import LocalAppender
-from queue_engine.store.tables import TOPIC_SCHEMA, TableDamagedError, open_or_create
-from queue_engine.store.torn_tail import SET_ASIDE_DIR, repair
+from queue_engine.store.delta import (
+    SET_ASIDE_DIR,
+    LocalAppender,
+    TableDamagedError,
+    open_or_create,
+    repair,
+)
+from queue_engine.store.tables import TOPIC_SCHEMA
 
 
 def _rows(n: int, start: int = 0) -> pa.Table:

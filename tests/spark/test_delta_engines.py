@@ -25,10 +25,9 @@ from queue_engine.spark.catalog import catalog_name, register_tables
 from queue_engine.spark.session import Engine, delta_spark_package, engine
 from queue_engine.spark.sweep import sweep
 from queue_engine.spark.views import register_views
-from queue_engine.store.commit_log import commit_actions
-from queue_engine.store.compaction import compact_small_files
-from queue_engine.store.remove_files import remove_files
-from queue_engine.store.tables import TOPIC_SCHEMA, Warehouse, open_or_create
+from queue_engine.store.delta import commit_actions, open_or_create, remove_files
+from queue_engine.store.tables import TOPIC_SCHEMA, Warehouse
+from queue_engine.store.upkeep import compact_small_files
 from tests.conftest import Server
 from tests.consumers import answer, create_channel, sub
 from tests.spark.test_fanout import run_once
@@ -330,8 +329,8 @@ REFUSED = {"inCommitTimestamp", "deletionVectors"}
 def test_every_commit_deltaq_writes_stays_valid_for_the_tables_protocol(
     delta: SparkSession, tmp_path_factory: pytest.TempPathFactory, chosen: set[str]
 ) -> None:
-    from queue_engine.store.table_features import TableRefusedError
-    from queue_engine.store.writer import TopicWriter
+    from queue_engine.store.delta import TableRefusedError
+    from queue_engine.store.tables import TopicWriter
     from tests.integration.test_topic_writer import Results, now_us
 
     path = str(tmp_path_factory.mktemp("features") / "t")

@@ -24,8 +24,7 @@ from queue_engine.spark.fanout_stream import (
     fanout_batch_by_spark,
     start_fanout,
 )
-from queue_engine.store.registry_store import RegistryReader
-from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, Warehouse
+from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, RegistryReader, Warehouse
 from tests.conftest import ROOT, Server
 
 

@@ -17,10 +17,9 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from queue_engine.message import LANES
 from queue_engine.spark.fanout_stream import channel_format_for
 from queue_engine.spark.session import Engine, engine, read_format
-from queue_engine.store.append import LocalAppender
-from queue_engine.store.append_once import append_once
-from queue_engine.store.tables import TOPIC_SCHEMA, open_or_create
-from queue_engine.store.writer import _Publish, _to_arrow
+from queue_engine.store.delta import LocalAppender, append_once, open_or_create
+from queue_engine.store.tables import TOPIC_SCHEMA
+from queue_engine.store.tables.topic_writer import _Publish, _to_arrow
 
 
 def batch(n: int, first: int, body: bytes = b"b") -> pa.Table:
@@ -255,8 +254,7 @@ def test_topics_reader_prefetches_small_batches_and_splits_large_ones(tmp_path: 
 
     from queue_engine.registry import Action, RegistryEvent
     from queue_engine.spark.source import TopicsHybridReader, TopicsStreamReader
-    from queue_engine.store.registry_store import RegistryStore
-    from queue_engine.store.tables import Warehouse
+    from queue_engine.store.tables import RegistryStore, Warehouse
 
     wh = Warehouse(str(tmp_path / "wh"))
     registry = RegistryStore(wh.registry_path)
@@ -298,9 +296,7 @@ def test_over_many_topics_a_trigger_probes_the_noticed_ones_and_a_slice_of_the_r
 
     from queue_engine.registry import Action, RegistryEvent
     from queue_engine.spark import source
-    from queue_engine.store.notices import NoticeWriter, topic_writer
-    from queue_engine.store.registry_store import RegistryStore
-    from queue_engine.store.tables import Warehouse
+    from queue_engine.store.tables import NoticeWriter, RegistryStore, Warehouse, topic_writer
 
     # 5 topics count as many here; new notice writers are looked for on every trigger.
     monkeypatch.setattr(source, "PROBE_ALL_TOPICS", 2)

@@ -24,9 +24,8 @@ from bench.synthetic import register, write_deliveries, write_messages
 from queue_engine.spark.sweep import LOCAL_FOLD_MAX_ROWS, plan, sweep
 from queue_engine.spark.views import register_views
 from queue_engine.state_fold import FINISHED
-from queue_engine.store.maintenance import Maintenance, MaintenancePolicy
-from queue_engine.store.state import read_meta
-from queue_engine.store.tables import LEDGER_SCHEMA, Warehouse
+from queue_engine.store.tables import LEDGER_SCHEMA, Warehouse, read_meta
+from queue_engine.store.upkeep import Maintenance, MaintenancePolicy
 from tests.conftest import ROOT
 from tests.ledgers import BASE_US, Channel, channels, comparable, python_fold, rows_as_states
 

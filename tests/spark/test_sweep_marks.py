@@ -12,9 +12,7 @@ from pyspark.sql import SparkSession
 
 from bench.synthetic import register, write_messages
 from queue_engine.spark.sweep import plan, sweep
-from queue_engine.store.state import read_meta
-from queue_engine.store.sweep_marks import Mark, load_marks, marks_url
-from queue_engine.store.tables import Warehouse
+from queue_engine.store.tables import Mark, Warehouse, load_marks, marks_url, read_meta
 
 
 def test_planning_trusts_a_mark_only_while_its_state_version_is_the_newest(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from queue_engine.store.journal_format import Record, decode, encode
+from queue_engine.store.journal import Record, decode, encode
 
 records = st.builds(
     Record,

@@ -12,7 +12,7 @@ from queue_engine.message import (
     id_timestamp_ms,
     id_to_hex,
 )
-from queue_engine.store.ids import hex_id_array
+from queue_engine.store.tables import hex_id_array
 
 
 def test_ids_never_go_backwards_even_if_the_clock_does() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from queue_engine.store.notices import KEEP_BATCHES, NoticeReader, NoticeWriter
+from queue_engine.store.tables import KEEP_BATCHES, NoticeReader, NoticeWriter
 
 
 def test_a_reader_learns_exactly_the_channels_written_since_it_last_looked(

@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 
 from queue_engine.message import LANES, IdAllocator, id_to_hex
 from queue_engine.shares import Holder, in_lanes, keep_lanes, lane_of, plan, served_by
-from queue_engine.store.nodes import NodeRecord
-from queue_engine.store.ownership import Ownership
+from queue_engine.store.coordination import NodeRecord, Ownership
 
 
 def node(lane: int, token: str = "t") -> NodeRecord:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from queue_engine.state_fold import FINISHED, fold_tables
-from queue_engine.store.state import STATE_SCHEMA
+from queue_engine.store.tables import STATE_SCHEMA
 from tests.ledgers import BASE_US, Channel, channels, comparable, python_fold, rows_as_states
 
 

@@ -1,0 +1,307 @@
+"""The topic writer: published messages, many publishes per Delta commit (group commit).
+
+Ids are allocated at commit time, in commit order, so a topic's ids increase with its versions.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from deltalake.transaction import Transaction
+
+from queue_engine.message import LANES, IdAllocator, id_from_hex
+from queue_engine.metrics import TOPIC_COMMIT_SECONDS
+from queue_engine.store.delta.append import DeltaRsAppender
+from queue_engine.store.delta.commit_log import messages_added
+from queue_engine.store.delta.group_commit import GroupCommitter, Notify, WriterClosedError
+from queue_engine.store.delta.open_table import open_or_create
+from queue_engine.store.journal.records import Record
+from queue_engine.store.tables.ids import hex_id_array
+from queue_engine.store.tables.schemas import TOPIC_SCHEMA
+
+log = logging.getLogger(__name__)
+
+_TS = pa.timestamp("us", tz="UTC")
+
+__all__ = ["CommitStats", "TopicWriter", "WriterClosedError"]
+
+
+@dataclass
+class _Publish:
+    bodies: list[bytes]
+    nbytes: int
+    published_at_us: int
+    deliver_at_us: int | None
+    expires_at_us: int | None = None
+    # The publish's position in the node journal (None: not journaled).
+    position: int | None = None
+
+
+@dataclass(frozen=True)
+class CommitStats:
+    version: int
+    message_count: int
+    commits: int
+    committed_messages: int
+    committed_bytes: int
+    # The newest version known to have added messages (-1: none since open, or none at all).
+    data_version: int = -1
+    # Messages submitted (acknowledged, with ack = "journal" or "buffer") and not committed yet.
+    queued: int = 0
+
+
+class TopicWriter(GroupCommitter[_Publish]):
+    """Appends published messages to one topic table, many publishes per Delta commit."""
+
+    def __init__(
+        self,
+        path: str,
+        notify: Notify,
+        *,
+        commit_max_bytes: int,
+        fast_appends: bool = True,
+        name: str = "",
+        id_lane: int = 0,
+    ) -> None:
+        dt = open_or_create(path, TOPIC_SCHEMA)
+        # Commits of journaled publishes record this app transaction (queue_engine.store
+        # .journal): version = the newest journal position the commit carries. Set by the
+        # node once its journal runs.
+        self.journal_app_id: str | None = None
+        floor, count = _scan(dt)
+        super().__init__(
+            path,
+            notify,
+            commit_max_bytes=commit_max_bytes,
+            fast_appends=fast_appends,
+            name=name,
+            histogram=TOPIC_COMMIT_SECONDS.labels(name) if name else None,
+        )
+        self._ids = IdAllocator(floor, id_lane)
+        self._version = dt.version()
+        self._message_count = count
+        # (version, messages in the table through that version), one per commit since open,
+        # ascending: how many messages a reader that reached a version has passed. Versions
+        # before open are counted from the commit log when first asked (``messages_through``).
+        self._marks: list[tuple[int, int]] = [(self._version, count)]
+        # A table opened with messages: its newest version may be one that added none
+        # (compaction, a property change); the version is the bound a reader can reach.
+        self._data_version = self._version if count else -1
+        # Rows each version added, read from the commit log for versions older than the marks.
+        self._log_counts: dict[int, int] = {}
+        self._commits = 0
+        self._queued = 0
+        self._committed_messages = 0
+        self._committed_bytes = 0
+        self._start()
+
+    def submit_publish(
+        self,
+        bodies: list[bytes],
+        published_at_us: int,
+        deliver_at_us: int | None,
+        token: Any,
+        expires_at_us: int | None = None,
+        position: int | None = None,
+    ) -> None:
+        """Queue messages for the next commit; ``token`` comes back through ``notify``."""
+        nbytes = sum(map(len, bodies))
+        with self._cond:
+            self._queued += len(bodies)
+        try:
+            self.submit(
+                _Publish(bodies, nbytes, published_at_us, deliver_at_us, expires_at_us, position),
+                nbytes,
+                token,
+            )
+        except WriterClosedError:
+            with self._cond:
+                self._queued -= len(bodies)
+            raise
+
+    def _must_land(self, items: list[_Publish]) -> bool:
+        return any(p.position is not None for p in items)
+
+    @property
+    def validates(self) -> bool:
+        """Only the commit can tell whether rows are accepted (the table has CHECK
+        constraints or features only delta-rs writes): publishes wait for it."""
+        return isinstance(self._appender, DeltaRsAppender)
+
+    def commit_recovered(self, records: list[Record], app: str) -> int:
+        """Commit the publishes of a journal being recovered (``app``: its app transaction)
+        that no commit carried yet; returns how many were committed. Blocking; ordered with
+        the group commits, in commits of at most ``commit_max_bytes``."""
+        with self.exclusive():
+            done = DeltaTable(self.path).transaction_version(app)
+            todo = [r for r in records if done is None or r.position > done]
+            committed = 0
+            while todo:
+                size = 0
+                take = 0
+                for record in todo:
+                    if take and size + record.nbytes > self._commit_max_bytes:
+                        break
+                    take += 1
+                    size += record.nbytes
+                chunk, todo = todo[:take], todo[take:]
+                batch = [
+                    _Publish(
+                        r.bodies,
+                        r.nbytes,
+                        r.published_at_us,
+                        r.deliver_at_us,
+                        r.expires_at_us,
+                        r.position,
+                    )
+                    for r in chunk
+                ]
+                count = sum(len(p.bodies) for p in batch)
+                first = self._ids.allocate(count, time.time_ns() // 1_000_000)
+                txn = Transaction(app, chunk[-1].position)
+                version = self._append(_to_arrow(batch, first, count), txn)
+                self._committed(version, count, size)
+                committed += count
+            return committed
+
+    def stats(self) -> CommitStats:
+        with self._cond:
+            return CommitStats(
+                self._version,
+                self._message_count,
+                self._commits,
+                self._committed_messages,
+                self._committed_bytes,
+                self._data_version,
+                self._queued,
+            )
+
+    def messages_through(self, version: int) -> int:
+        """Messages the table held as of ``version`` (0 before the first version).
+
+        The API's topic depth is the messages no channel has taken yet; a reader reports the
+        topic version it reached, and this turns that into a count. Marks older than the
+        version asked are dropped (readers move forward); a version older than every mark
+        (before this writer opened, after a restart) is counted back from the commit log.
+        """
+        if version < 0:
+            return 0
+        with self._cond:
+            anchor_version, anchor_count = self._marks[0]
+            if version >= anchor_version:
+                at = bisect.bisect_right(self._marks, (version, 1 << 62)) - 1
+                del self._marks[:at]
+                return self._marks[0][1]
+        missing = [v for v in range(version + 1, anchor_version + 1) if v not in self._log_counts]
+        if missing:
+            self._log_counts.update(messages_added(self.path, missing[0] - 1, missing[-1]))
+        later = sum(self._log_counts.get(v, 0) for v in range(version + 1, anchor_version + 1))
+        return max(0, anchor_count - later)
+
+    def commit_copies(
+        self, bodies: pa.Array, replay_of: pa.Array, to_channel: str, app_id: str
+    ) -> int | None:
+        """Append copies of messages (new ids, published now) for one channel in one commit
+        of their own that records ``app_id`` as a Delta app transaction; None (nothing
+        written) if a commit recorded it before. Blocking; ordered with the group commits."""
+        count = len(bodies)
+        with self.exclusive():
+            if DeltaTable(self.path).transaction_version(app_id) is not None:
+                return None
+            now = time.time_ns()
+            first = self._ids.allocate(count, now // 1_000_000)
+            table = pa.Table.from_arrays(
+                [
+                    hex_id_array(first, count, LANES),
+                    bodies.cast(pa.binary()),
+                    pa.repeat(pa.scalar(now // 1000, _TS), count),
+                    pa.nulls(count, _TS),
+                    pa.nulls(count, _TS),
+                    pa.array([to_channel] * count, pa.string()),
+                    replay_of.cast(pa.string()),
+                ],
+                schema=TOPIC_SCHEMA,
+            )
+            version = self._append(table, Transaction(app_id, 1))
+            self._committed(version, count, int(pc.sum(pc.binary_length(bodies)).as_py() or 0))
+            return version
+
+    def _commit(self, batch: list[_Publish]) -> None:
+        count = sum(len(p.bodies) for p in batch)
+        first = self._ids.allocate(count, time.time_ns() // 1_000_000)
+        positions = [p.position for p in batch if p.position is not None]
+        txn = None
+        if positions and self.journal_app_id is not None:
+            txn = Transaction(self.journal_app_id, max(positions))
+        version = self._append(_to_arrow(batch, first, count), txn)
+        with self._cond:
+            self._queued -= count
+        self._committed(version, count, sum(p.nbytes for p in batch))
+
+    def _dropped(self, items: list[_Publish]) -> None:
+        with self._cond:
+            self._queued -= sum(len(p.bodies) for p in items)
+
+    def _committed(self, version: int, count: int, nbytes: int) -> None:
+        with self._cond:
+            self._version = max(self._version, version)
+            self._message_count += count
+            self._marks.append((version, self._message_count))
+            if count:
+                self._data_version = max(self._data_version, version)
+            self._commits += 1
+            self._committed_messages += count
+            self._committed_bytes += nbytes
+
+
+def _to_arrow(batch: list[_Publish], first_id: int, count: int) -> pa.Table:
+    bodies = pa.array(
+        list(itertools.chain.from_iterable(p.bodies for p in batch)), type=pa.binary()
+    )
+    # Publishes of no message (none are taken, but a run must not be empty) are left out.
+    batch = [p for p in batch if p.bodies]
+    run_ends = pa.array(list(itertools.accumulate(len(p.bodies) for p in batch)), pa.int32())
+    published = _per_publish([p.published_at_us for p in batch], run_ends, count)
+    deliver = _per_publish([p.deliver_at_us for p in batch], run_ends, count)
+    expires = _per_publish([p.expires_at_us for p in batch], run_ends, count)
+    return pa.Table.from_arrays(
+        [
+            hex_id_array(first_id, count, LANES),
+            bodies,
+            published,
+            deliver,
+            expires,
+            pa.nulls(count, pa.string()),
+            pa.nulls(count, pa.string()),
+        ],
+        schema=TOPIC_SCHEMA,
+    )
+
+
+def _per_publish(values: list[int | None], run_ends: pa.Array, count: int) -> pa.Array:
+    """A timestamp column: each publish's value (or null) repeated for each of its messages
+    (``run_ends``: where each publish's messages end)."""
+    if all(v is None for v in values):
+        return pa.nulls(count, type=_TS)
+    if len(values) == 1:
+        return pa.repeat(pa.scalar(values[0], _TS), count)
+    runs = pa.RunEndEncodedArray.from_arrays(run_ends, pa.array(values, _TS))
+    return pc.run_end_decode(runs)
+
+
+def _scan(dt: DeltaTable) -> tuple[int, int]:
+    """(one past the largest message id, number of messages) from the table's file stats."""
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return 0, 0
+    count = int(pc.sum(actions["num_records"]).as_py() or 0)
+    largest = pc.max(actions["max.id"]).as_py() if "max.id" in actions.column_names else None
+    return (id_from_hex(largest) + 1 if largest else 0), count
