@@ -1,7 +1,8 @@
 """deltaq's queue engine: NSQ semantics over Delta tables.
 
-The pure modules (names, message, mpub, registry, errors, settings) do no I/O; ``store``
-is the only package that imports ``deltalake``; ``broker`` ties them together for the API.
+The pure modules (names, message, mpub, registry, errors, settings) do no I/O; ``store``'s
+packages ``delta``, ``tables`` and ``upkeep`` are the only ones that import ``deltalake``;
+``broker`` ties them together for the API.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from queue_engine.store.tables import (
     NoticeWriter,
     TopicWriter,
     Warehouse,
-    topic_writer,
+    topic_notice_writer,
 )
 from queue_engine.store.upkeep import Maintenance
 
@@ -362,7 +362,7 @@ class Topics:
         self._notices = await asyncio.to_thread(
             NoticeWriter,
             self.settings.warehouse,
-            topic_writer(self._lane),
+            topic_notice_writer(self._lane),
             keep_batches=TOPIC_NOTICE_BATCHES,
             keep_channels=TOPIC_NOTICE_TOPICS,
         )

@@ -21,7 +21,7 @@ from queue_engine.process_memory import prepare_serving_process, tune_malloc
 
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     # Not at the top: the memory set-up comes before anything loads pyarrow.
-    from queue_engine.store.upkeep.maintenance import table_upkeep
+    from queue_engine.store.upkeep import table_upkeep
 
     while True:
         try:

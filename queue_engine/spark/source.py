@@ -90,7 +90,7 @@ from queue_engine.store.tables import (
     NoticeReader,
     RegistryReader,
     Warehouse,
-    topic_writers,
+    topic_notice_writers,
 )
 
 log = logging.getLogger(__name__)
@@ -520,7 +520,7 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if now - self._writers_listed >= NOTICE_WRITERS_S:
             self._writers_listed = now
             try:
-                self._notices.follow(topic_writers(self.warehouse.root))
+                self._notices.follow(topic_notice_writers(self.warehouse.root))
             except Exception as exc:
                 log.debug("topic notices not listed: %s", exc)
         changed = self._notices.changes()

@@ -9,6 +9,9 @@ names what it offers:
 - ``coordination``: nodes sharing a warehouse, lane ownership, locks in the warehouse;
 - ``upkeep``: compaction, checkpoints, vacuum and retention.
 
-Each imports only those listed before it (``journal`` and ``coordination`` use ``tables``'
-paths). ``delta``, ``tables`` and ``upkeep`` are the packages that import deltalake.
+Each builds only on packages listed before it: ``journal``, ``coordination`` and ``delta`` on
+``storage`` alone, ``tables`` on ``storage``, ``delta`` and ``journal``'s records, ``upkeep`` on
+``storage``, ``delta`` and ``tables`` (tests/test_layout.py holds them to it).
+``delta``, ``tables`` and ``upkeep`` are the only packages of deltaq that import deltalake;
+code outside ``store`` imports these packages, not their files.
 """

@@ -296,7 +296,12 @@ def test_over_many_topics_a_trigger_probes_the_noticed_ones_and_a_slice_of_the_r
 
     from queue_engine.registry import Action, RegistryEvent
     from queue_engine.spark import source
-    from queue_engine.store.tables import NoticeWriter, RegistryStore, Warehouse, topic_writer
+    from queue_engine.store.tables import (
+        NoticeWriter,
+        RegistryStore,
+        Warehouse,
+        topic_notice_writer,
+    )
 
     # 5 topics count as many here; new notice writers are looked for on every trigger.
     monkeypatch.setattr(source, "PROBE_ALL_TOPICS", 2)
@@ -323,7 +328,7 @@ def test_over_many_topics_a_trigger_probes_the_noticed_ones_and_a_slice_of_the_r
     second = reader.latestOffset(first, ReadAllAvailable())
     assert versions(second)["t3"] == 1  # not probed: this trigger's slice was t0
 
-    NoticeWriter(wh.root, topic_writer(None)).post([("t3", "")])
+    NoticeWriter(wh.root, topic_notice_writer(None)).post([("t3", "")])
     third = reader.latestOffset(second, ReadAllAvailable())
     assert versions(third)["t3"] == 2  # named in a notice: probed
 

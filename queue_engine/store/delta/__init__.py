@@ -27,10 +27,6 @@ from queue_engine.store.delta.append import (
     refuse_any_winner,
     skipped_change,
 )
-from queue_engine.store.delta.append_once import (
-    IdempotentAppender,
-    append_once,
-)
 from queue_engine.store.delta.commit_log import (
     AddedFile,
     AddedFilesCache,
@@ -60,6 +56,10 @@ from queue_engine.store.delta.group_commit import (
     commit_pool,
     delayed,
 )
+from queue_engine.store.delta.idempotent import (
+    IdempotentAppender,
+    append_once,
+)
 from queue_engine.store.delta.open_table import (
     TableDamagedError,
     add_missing_columns,
@@ -71,7 +71,7 @@ from queue_engine.store.delta.open_table import (
     open_or_create,
     read_dataset,
 )
-from queue_engine.store.delta.remove_files import (
+from queue_engine.store.delta.removal import (
     RemovalConflict,
     put_remote,
     removal_supported,

@@ -59,8 +59,8 @@ from queue_engine.store.tables.notices import (
     NoticeReader,
     NoticeWriter,
     notice_url,
-    topic_writer,
-    topic_writers,
+    topic_notice_writer,
+    topic_notice_writers,
 )
 from queue_engine.store.tables.registry import (
     RegistryMovedError,
@@ -155,7 +155,7 @@ __all__ = [
     "read_versions",
     "save_marks",
     "state_from_values",
-    "topic_writer",
-    "topic_writers",
+    "topic_notice_writer",
+    "topic_notice_writers",
     "write_state",
 ]

@@ -56,11 +56,11 @@ def notice_url(root: str, writer: str) -> str:
     return f"{root.rstrip('/')}/{NOTICES_DIR}/{writer}.json"
 
 
-def topic_writer(lane: int | None) -> str:
+def topic_notice_writer(lane: int | None) -> str:
     return TOPIC_WRITER_PREFIX if lane is None else f"{TOPIC_WRITER_PREFIX}-{lane}"
 
 
-def topic_writers(root: str) -> list[str]:
+def topic_notice_writers(root: str) -> list[str]:
     """The API nodes that posted topic notices in the warehouse at ``root``."""
     directory = f"{root.rstrip('/')}/{NOTICES_DIR}"
     if is_remote(root):

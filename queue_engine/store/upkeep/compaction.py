@@ -36,7 +36,7 @@ from queue_engine.store.delta.append import (
     merged_stats,
     put_log_entry,
 )
-from queue_engine.store.delta.remove_files import put_remote, remove_action, winner_check
+from queue_engine.store.delta.removal import put_remote, remove_action, winner_check
 from queue_engine.store.delta.spare_files import SPARE_DIR
 from queue_engine.store.storage.files import parquet_dataset
 from queue_engine.store.storage.fs_sync import sync_file

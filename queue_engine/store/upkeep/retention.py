@@ -42,7 +42,7 @@ from queue_engine.message import id_from_hex, id_timestamp_ms
 from queue_engine.registry import ChannelInfo, Registry, TopicInfo
 from queue_engine.settings import RetentionMode, Settings
 from queue_engine.store.delta.commit_log import absolute_path
-from queue_engine.store.delta.remove_files import RemovalConflict, removal_supported, remove_files
+from queue_engine.store.delta.removal import RemovalConflict, removal_supported, remove_files
 from queue_engine.store.storage.files import filesystem, parquet_dataset
 from queue_engine.store.tables.channel_state import StateMeta, meta_as_of, read_meta
 from queue_engine.store.tables.warehouse import Warehouse

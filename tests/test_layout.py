@@ -1,0 +1,110 @@
+"""The layout holds as docs/design.md's Layout section draws it: deltalake only in the store's
+Delta I/O packages, the product reaching the store through its packages' names, and each of
+the store's packages building only on those below it."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+PRODUCT = ("queue_engine", "api", "jobs", "deltaq")
+STORE = ROOT / "queue_engine" / "store"
+# What each of the store's packages may import of the others.
+MAY_IMPORT = {
+    "storage": set(),
+    "delta": {"storage"},
+    "tables": {"storage", "delta", "journal"},
+    "journal": {"storage"},
+    "coordination": {"storage"},
+    "upkeep": {"storage", "delta", "tables"},
+}
+DELTA_IO = {"delta", "tables", "upkeep"}
+
+
+def _modules(path: Path) -> Iterator[tuple[str, int]]:
+    """Every module ``path`` imports (its own statements, any depth), with the line."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            yield node.module, node.lineno
+            for alias in node.names:
+                yield f"{node.module}.{alias.name}", node.lineno
+
+
+def _product_files() -> list[Path]:
+    files = [p for top in PRODUCT for p in (ROOT / top).rglob("*.py")]
+    assert len(files) > 100, "the product's files were not found"
+    return files
+
+
+def _store_package(path: Path) -> str | None:
+    parts = path.relative_to(ROOT).parts
+    if parts[:2] == ("queue_engine", "store") and len(parts) > 3:
+        return parts[2]
+    return None
+
+
+def test_only_the_stores_delta_io_packages_import_deltalake() -> None:
+    wrong = sorted(
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in _product_files()
+        for module, line in _modules(path)
+        if module.split(".")[0] == "deltalake" and _store_package(path) not in DELTA_IO
+    )
+    assert wrong == []
+
+
+def test_the_product_reaches_the_store_through_its_packages() -> None:
+    """Outside the store, ``queue_engine.store.tables`` and its peers, never their files."""
+    packages = set(MAY_IMPORT)
+    wrong = sorted(
+        f"{path.relative_to(ROOT)}:{line} {module}"
+        for path in _product_files()
+        if _store_package(path) is None
+        for module, line in _modules(path)
+        if module.startswith("queue_engine.store.")
+        and len(module.split(".")) > 3
+        and module.split(".")[2] in packages
+        and (STORE / module.split(".")[2] / f"{module.split('.')[3]}.py").exists()
+    )
+    assert wrong == []
+
+
+def test_each_store_package_builds_only_on_those_below_it() -> None:
+    seen = set()
+    wrong = []
+    for path in STORE.rglob("*.py"):
+        package = _store_package(path)
+        if package is None:
+            continue
+        seen.add(package)
+        for module, line in _modules(path):
+            parts = module.split(".")
+            if parts[:2] != ["queue_engine", "store"] or len(parts) < 3:
+                continue
+            other = parts[2]
+            if other != package and other not in MAY_IMPORT[package]:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert seen == set(MAY_IMPORT), "a package of the store is missing from MAY_IMPORT"
+    assert wrong == []
+
+
+def test_no_name_a_store_package_offers_is_also_one_of_its_files() -> None:
+    """``from queue_engine.store.tables import x`` must mean one thing: importing a file named
+    ``x`` replaces a function ``x`` the package's __init__ offered."""
+    clashes = []
+    for init in STORE.glob("*/__init__.py"):
+        files = {p.stem for p in init.parent.glob("*.py")}
+        offered = {
+            alias.asname or alias.name
+            for node in ast.parse(init.read_text()).body
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+        }
+        clashes += sorted(f"{init.parent.name}.{name}" for name in offered & files)
+    assert clashes == []
