@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 from types import FrameType
+from typing import Any
 
 if __name__ == "__main__":
     sys.path.insert(0, __file__.rsplit("/jobs/", 1)[0])
@@ -155,14 +156,20 @@ def _run(
         except BrokenPipeError:
             # Nobody to tell: the parent is gone (its watch stops this process).
             stop.set()
+    warming: list[Any] = []  # the warming's Spark Connect session, while it runs
     if settings.spark_connect_port and not stop.is_set():
         threading.Thread(
-            target=_warm_spark_connect, args=(settings,), daemon=True, name="deltaq-warm"
+            target=_warm_spark_connect, args=(settings, warming), daemon=True, name="deltaq-warm"
         ).start()
     while not stop.wait(1.0):
         if not query.isActive:
             log.error("fanout stopped: %s", query.exception())
             stop.set()
+    for client in list(warming):
+        # A warming still under way (a busy machine) ends now: its session, left open, would
+        # retry its exit-time cleanup against the stopped server for two minutes.
+        with contextlib.suppress(Exception):
+            client.stop()
     quiet_stream_stop(spark)
     query.stop()
     finish_fanout(query)
@@ -172,7 +179,7 @@ def _run(
     return 1 if failed else 0
 
 
-def _warm_spark_connect(settings: Settings) -> None:
+def _warm_spark_connect(settings: Settings, warming: list[Any]) -> None:
     """Run one query over every view through this process's own Spark Connect endpoint, as
     deltaq sql does: the server's first planning of each kind of scan starts a Python worker
     that imports deltaq, and a user's first query paid for it (5-7 s instead of ~1.4).
@@ -183,17 +190,26 @@ def _warm_spark_connect(settings: Settings) -> None:
     from queue_engine.spark.session import register
     from queue_engine.spark.views import register_views
 
+    client = None
     try:
         client = ConnectSession.builder.remote(
             f"sc://127.0.0.1:{settings.spark_connect_port}"
         ).getOrCreate()
+        warming.append(client)
         client.client.disable_reattachable_execute()
         register(client)  # type: ignore[arg-type]
         register_views(client, settings.warehouse)  # type: ignore[arg-type]
         client.sql(WARM_QUERY).collect()
-        client.stop()
     except Exception:
         log.debug("warming Spark Connect failed", exc_info=True)
+    finally:
+        if client is not None:
+            # Closed whatever happened: an open client's exit handler retries its cleanup
+            # calls against the stopped server for two minutes, and the process waits.
+            with contextlib.suppress(Exception):
+                client.stop()
+            with contextlib.suppress(ValueError):
+                warming.remove(client)
 
 
 # Every kind of scan the views use.
