@@ -1,4 +1,5 @@
-"""Warehouses on object storage (s3://, gs://, az://, abfss://): configuration and the start check.
+"""Warehouses on object storage (s3://, gs://, abfss://; az:// is refused): configuration,
+the start check.
 
 Configuration has one path: the standard environment variables of each store (``AWS_*``,
 ``GOOGLE_*``, ``AZURE_*``), which delta-rs, obstore and every child process (the jobs, Spark's
