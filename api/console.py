@@ -148,9 +148,16 @@ async def overview(request: Request) -> Response:
                 **history.latest_rates(t.name),
             }
         )
-    return ok_json(
-        {"topics": topics, "sampled_every_s": SAMPLE_EVERY_S, "storage": STORAGE.report()}
-    )
+    body: dict[str, Any] = {
+        "topics": topics,
+        "sampled_every_s": SAMPLE_EVERY_S,
+        "storage": STORAGE.report(),
+    }
+    jobs_status = getattr(request.app.state, "jobs_status", None)
+    if jobs_status is not None:
+        # deltaq up's jobs process (fanout, sweep): the status line says when it cannot run.
+        body["jobs"] = dict(jobs_status())
+    return ok_json(body)
 
 
 @router.get(

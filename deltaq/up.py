@@ -10,8 +10,9 @@ import sys
 import threading
 import time
 
-from jobs.command import SETTINGS_FROM_STDIN, settings_json
+from jobs.command import JAVA_UNAVAILABLE, SETTINGS_FROM_STDIN, settings_json
 from queue_engine.settings import Settings
+from queue_engine.spark.java import JavaUnavailableError, check_java
 
 log = logging.getLogger("deltaq.up")
 
@@ -41,6 +42,8 @@ class JobsSupervisor:
         self._since = time.time()
         self._announced = False
         self._alive: int | None = None
+        # Why the jobs cannot run (no usable Java): they are not started again.
+        self._error: str | None = None
 
     def status(self) -> dict[str, object]:
         with self._lock:
@@ -50,9 +53,18 @@ class JobsSupervisor:
                 "restarts": self._restarts,
                 "last_exit_code": self._last_exit,
                 "since": int(self._since),
+                **({"error": self._error} if self._error else {}),
             }
 
-    def start(self) -> int:
+    def start(self) -> int | None:
+        """Start the jobs process and its watch; None when they cannot run here (no usable
+        Java: one line says what to install, the API serves on without them)."""
+        try:
+            check_java()
+        except JavaUnavailableError as exc:
+            self._fail(str(exc))
+            threading.Thread(target=self._announce_without_jobs, daemon=True).start()
+            return None
         pid = self._spawn()
         threading.Thread(target=self._watch, daemon=True, name="deltaq-jobs-watch").start()
         return pid
@@ -99,6 +111,17 @@ class JobsSupervisor:
         ).start()
         return child.pid
 
+    def _fail(self, why: str) -> None:
+        with self._lock:
+            self._state = "failed"
+            self._error = why
+            self._since = time.time()
+        log.error("the jobs (fanout, sweep, Spark Connect) cannot start: %s", why)
+
+    def _announce_without_jobs(self) -> None:
+        self._api_started.wait()
+        _announce_ready(self.settings, jobs=False)
+
     def _wait_ready(self, ready_fd: int, child: subprocess.Popen[bytes]) -> None:
         with os.fdopen(ready_fd, "rb") as ready:
             jobs_ready = ready.readline().strip() == b"ready"
@@ -122,6 +145,15 @@ class JobsSupervisor:
                 child = self._child
             assert child is not None
             code = child.wait()
+            if code == JAVA_UNAVAILABLE and not self._stop.is_set():
+                # Java went away or changed under a running deltaq up: restarting cannot help.
+                try:
+                    check_java()
+                except JavaUnavailableError as exc:
+                    with self._lock:
+                        self._last_exit = code
+                    self._fail(str(exc))
+                    return
             with self._lock:
                 if self._stop.is_set():
                     self._state = "stopped"
@@ -187,12 +219,7 @@ def up(settings: Settings, *, verbose: bool = False) -> int:
             also_listening=spark_connect_listener(settings),
             # uvicorn's own start-up lines only when asked: deltaq's say the same.
             server_log_level="info" if verbose else "warning",
-            before_serving=lambda: log.info(
-                "starting: API in pid %d, fanout + sweep on local Spark in pid %d, warehouse %s",
-                os.getpid(),
-                jobs.start(),
-                settings.warehouse,
-            ),
+            before_serving=lambda: _starting(jobs, settings),
         )
     except KeyboardInterrupt:
         pass  # uvicorn re-raises Ctrl-C after its graceful shutdown
@@ -203,8 +230,22 @@ def up(settings: Settings, *, verbose: bool = False) -> int:
     return 0
 
 
-def _announce_ready(settings: Settings) -> None:
-    """One line once both halves are up: the API listening and the jobs running."""
+def _starting(jobs: JobsSupervisor, settings: Settings) -> None:
+    pid = jobs.start()
+    if pid is None:
+        log.info("starting: API in pid %d, warehouse %s", os.getpid(), settings.warehouse)
+    else:
+        log.info(
+            "starting: API in pid %d, fanout + sweep on local Spark in pid %d, warehouse %s",
+            os.getpid(),
+            pid,
+            settings.warehouse,
+        )
+
+
+def _announce_ready(settings: Settings, *, jobs: bool = True) -> None:
+    """One line once both halves are up: the API listening and the jobs running (``jobs``
+    False: the API alone, the jobs could not start)."""
     from api.tls import https_listener
 
     url = f"http://{settings.host}:{settings.port}"
@@ -216,6 +257,17 @@ def _announce_ready(settings: Settings) -> None:
         else ""
     )
     tcp = f"; NSQ clients on {settings.host}:{settings.tcp_port}" if settings.tcp_port else ""
+    if not jobs:
+        log.info(
+            "deltaq ready: %s%s (console %s/console)%s; no fanout, sweep or deltaq sql (see "
+            "above); warehouse %s",
+            url,
+            secure,
+            url,
+            tcp,
+            settings.warehouse,
+        )
+        return
     log.info(
         "deltaq ready: %s%s (console %s/console, API docs %s/docs)%s; fanout + sweep every "
         "%.0f s%s; warehouse %s",

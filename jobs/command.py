@@ -87,12 +87,19 @@ def configure_logging(level: int = logging.INFO) -> None:
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
+# The exit code of a Spark command that found no usable Java: deltaq up does not restart it.
+JAVA_UNAVAILABLE = 4
+
+
 class CommandError(Exception):
     """A command cannot do what it was asked; the message is the whole explanation."""
 
 
 def run_reporting_errors(command: str, run: Callable[[], int]) -> int:
-    """``run()``, with every failure a user can act on printed as one line (exit 1)."""
+    """``run()``, with every failure a user can act on printed as one line (exit 1; no usable
+    Java: JAVA_UNAVAILABLE)."""
+    from queue_engine.spark.java import JavaUnavailableError
+
     try:
         return run()
     except KeyboardInterrupt:
@@ -101,7 +108,7 @@ def run_reporting_errors(command: str, run: Callable[[], int]) -> int:
         if not _user_facing(exc):
             raise
         print(f"deltaq {command}: error: {one_line(exc)}", file=sys.stderr)
-        return 1
+        return JAVA_UNAVAILABLE if isinstance(exc, JavaUnavailableError) else 1
 
 
 def _user_facing(exc: BaseException) -> bool:
@@ -110,6 +117,7 @@ def _user_facing(exc: BaseException) -> bool:
     from queue_engine.auth import AuthConfigError
     from queue_engine.errors import QueueError
     from queue_engine.ports import PortInUseError
+    from queue_engine.spark.java import JavaUnavailableError
     from queue_engine.store.coordination import WarehouseBusyError
     from queue_engine.store.storage import StoreError
 
@@ -120,6 +128,7 @@ def _user_facing(exc: BaseException) -> bool:
         OSError,
         AuthConfigError,
         PortInUseError,
+        JavaUnavailableError,
     )
     if isinstance(exc, (*user_errors, WarehouseBusyError, StoreError)):
         return True

@@ -250,8 +250,11 @@ async function refresh() {
     const overview = await api("GET", "/console/api/overview");
     render(overview);
     const problem = overview.storage && overview.storage.problem;
+    const jobsError = overview.jobs && overview.jobs.error;
     if (problem) {
       setStatus(`writes fail: ${problem} (${overview.storage.refused} refused)`, true);
+    } else if (jobsError) {
+      setStatus(`no fanout or sweep: ${jobsError}`, true);
     } else {
       setStatus(`updated ${new Date().toLocaleTimeString()}`);
     }

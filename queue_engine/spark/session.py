@@ -24,6 +24,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from queue_engine.spark.java import check_java
 from queue_engine.store.storage import StoreError, executor_environment
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,10 @@ def build_session(
     (default: ``DELTAQ_DELTA_SPARK``, true unless "false"); ``packages``: more Maven
     coordinates for ``spark.jars.packages`` (hadoop-aws for ``s3a://``, say).
     """
+    if not _inside_spark_submit():
+        # Before anything starts a JVM: Spark's own error for a missing or old Java names
+        # neither (JavaUnavailableError says what to install).
+        check_java()
     if delta_spark is None:
         delta_spark = os.environ.get("DELTAQ_DELTA_SPARK", "true").lower() != "false"
     if delta_spark or packages:

@@ -169,3 +169,54 @@ def test_up_runs_the_readme_quick_start_and_stops_on_ctrl_c(tmp_path: Path) -> N
                 child.kill()
             process.kill()
             process.wait(10)
+
+
+@pytest.mark.slow
+def test_up_without_java_serves_and_says_what_to_install(tmp_path: Path) -> None:
+    """A Java too old for Spark: one line at start says what to install, the API serves,
+    /info, /stats and the console say the jobs cannot start, and nothing restarts them."""
+    home = tmp_path / "jdk-8"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "java").write_text(
+        "#!/bin/sh\necho 'openjdk version \"1.8.0_402\" 2024-01-16' >&2\n"
+    )
+    (home / "bin" / "java").chmod(0o755)
+    port, tcp_port = free_port(), free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAVA_HOME": str(home)}
+    env.pop("DELTAQ_CONFIG", None)
+    env["DELTAQ_SPARK_CONNECT_PORT"] = str(free_port())
+    log_path = tmp_path / "up.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "deltaq", "up"),
+                *("--port", str(port), "--tcp-port", str(tcp_port)),
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        text = _wait_for(log_path, r"deltaq ready: ", 60, process)
+        said = [line for line in text.splitlines() if "cannot start" in line]
+        assert len(said) == 1, text
+        assert "Java 17 or later" in said[0] and "is Java 8" in said[0], said
+        assert "JAVA_HOME" in said[0], said
+        assert "Traceback" not in text
+        with httpx.Client(base_url=f"http://{HOST}:{port}", timeout=30) as http:
+            assert http.post("/pub?topic=events", content=b"served").text == "OK"
+            jobs = http.get("/info").json()["jobs"]
+            assert jobs["state"] == "failed" and "Java 17" in jobs["error"], jobs
+            assert "Java 17" in http.get("/stats?format=json").json()["jobs"]["error"]
+            assert "Java 17" in http.get("/console/api/overview").json()["jobs"]["error"]
+            # Nothing is restarted: the error stays, no second attempt is logged.
+            time.sleep(3)
+            assert http.get("/info").json()["jobs"]["restarts"] == 0
+        assert "restarting" not in log_path.read_text(errors="replace")
+        process.send_signal(signal.SIGINT)
+        assert process.wait(60) == 0, log_path.read_text(errors="replace")[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
