@@ -108,3 +108,19 @@ def test_no_name_a_store_package_offers_is_also_one_of_its_files() -> None:
         }
         clashes += sorted(f"{init.parent.name}.{name}" for name in offered & files)
     assert clashes == []
+
+
+def test_a_commands_start_loads_no_pyarrow() -> None:
+    """Every deltaq command imports this before the serving process leaves pandas and numpy
+    out of what pyarrow loads (queue_engine.process_memory): pyarrow must not come first."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, deltaq.cli, jobs.command\n"
+        "print(sorted(m for m in ('pyarrow', 'pandas', 'numpy', 'deltalake') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

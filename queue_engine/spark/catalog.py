@@ -58,7 +58,7 @@ def register_tables(
         )
     if _UNSAFE.search(database):
         raise CatalogError(f"database {database!r}: letters, digits and _ only")
-    wh = warehouse if isinstance(warehouse, Warehouse) else Warehouse(warehouse)
+    wh = (warehouse if isinstance(warehouse, Warehouse) else Warehouse(warehouse)).absolute()
     registry = read_registry(wh, None)
     wanted: dict[str, str] = {"registry": wh.registry_path}
     for topic in sorted(registry.topics.values(), key=lambda t: t.name):

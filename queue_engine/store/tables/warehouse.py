@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from queue_engine.names import path_segment
@@ -13,6 +14,14 @@ class Warehouse:
     """Paths of deltaq's tables under one root (a local path or an object-store URL)."""
 
     root: str
+
+    def absolute(self) -> Warehouse:
+        """This warehouse with a relative local root made absolute (against the working
+        directory): another engine resolves a relative path against its own directories (a
+        catalog's LOCATION against the database's)."""
+        if "://" in self.root or os.path.isabs(self.root):
+            return self
+        return Warehouse(os.path.abspath(self.root))
 
     def _join(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
