@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -21,6 +21,7 @@ import pytest
 
 from api.server import is_loopback
 from tests.conftest import HOST, ROOT, Server, free_port
+from tests.consumers import channel_stats
 from tests.nsq_wire import ERROR, RESPONSE, Nsqd, Wire, identify, sized
 
 
@@ -53,6 +54,23 @@ def tokens(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
+    """Poll ``condition`` until it holds: the server's state, not a guess at how long it takes
+    to get there on a loaded machine."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        time.sleep(0.02)
+
+
+def tcp_connections(server: Server) -> int:
+    """The TCP connections the server holds open (its /metrics gauge)."""
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    gauge = "deltaq_tcp_connections "
+    [value] = [line.removeprefix(gauge) for line in text.splitlines() if line.startswith(gauge)]
+    return int(float(value))
 
 
 def test_tokens_file_holds_only_hashes(tokens: tuple[Path, dict[str, str]]) -> None:
@@ -306,28 +324,42 @@ def test_caps_answer_clearly(server_factory: type[Server], tmp_path: Path) -> No
         topics = c.get("/stats?format=json").json()["topics"]
         assert [(t["topic_name"], len(t["channels"])) for t in topics] == [("a", 1), ("b", 0)]
 
+        waited: list[httpx.Response] = []
         waiting = threading.Thread(
-            target=lambda: httpx.get(f"{server.url}/sub?topic=a&channel=one&wait_ms=3000")
+            target=lambda: waited.append(
+                httpx.get(f"{server.url}/sub?topic=a&channel=one&wait_ms=3000&consumer=waiter")
+            )
         )
         waiting.start()
-        time.sleep(0.5)
+        # The channel lists a consumer once its /sub waits (the waiter count is taken first).
+        wait_until(
+            lambda: [x["client_id"] for x in channel_stats(c, "a", "one")["clients"]] == ["waiter"],
+            "the first /sub is waiting",
+        )
         busy = c.get("/sub?topic=a&channel=one&wait_ms=1000")
         assert busy.status_code == 503 and busy.json()["message"] == "E_TOO_MANY_WAITERS"
         assert c.get("/sub?topic=a&channel=one&wait_ms=0").status_code == 200
         waiting.join()
+        # The waiter itself was let in: it held the one place until its wait ran out.
+        [first] = waited
+        assert first.status_code == 200 and first.json() == {"messages": []}
 
     # Three HTTP connections open: a fourth is turned away, and served once they close.
+    # (Each ping is a connection of its own: 503 once the server counts the three.)
     sockets = [socket.create_connection((HOST, server.port)) for _ in range(3)]
-    time.sleep(0.2)
-    turned_away = httpx.get(f"{server.url}/ping", timeout=10)
-    assert turned_away.status_code == 503
+    wait_until(
+        lambda: httpx.get(f"{server.url}/ping", timeout=10).status_code == 503,
+        "a fourth HTTP connection turned away while three are open",
+    )
     for s in sockets:
         s.close()
-    time.sleep(0.2)
-    assert httpx.get(f"{server.url}/ping", timeout=10).text == "OK"
+    wait_until(
+        lambda: httpx.get(f"{server.url}/ping", timeout=10).text == "OK",
+        "a connection served once the three closed",
+    )
 
     held = [Wire(server.tcp_port), Wire(server.tcp_port)]
-    time.sleep(0.2)
+    wait_until(lambda: tcp_connections(server) == 2, "the server holds both TCP connections")
     extra = Wire(server.tcp_port)
     assert extra.frame() == (ERROR, b"E_TOO_MANY_CONNECTIONS max_tcp_connections reached")
     assert extra.closed()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,15 @@ from queue_engine.lease import fold
 from queue_engine.store.tables import Warehouse, read_ledger
 from tests.conftest import Server
 from tests.consumers import answer, body, channel_stats, create_channel, sub
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
+    """Poll ``condition`` until it holds: the server's state, not a guess at how long it takes
+    to get there on a loaded machine."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +42,20 @@ def test_sub_creates_topic_and_channel_and_long_polls_until_a_publish(
     assert [c["channel_name"] for c in names["lp"]["channels"]] == ["c"]
 
     got: list[dict[str, Any]] = []
-    waiter = threading.Thread(target=lambda: got.extend(sub(http, "lp", "c", wait_ms=30000)))
+    waiter = threading.Thread(
+        target=lambda: got.extend(sub(http, "lp", "c", wait_ms=30000, consumer="waiter"))
+    )
     waiter.start()
-    time.sleep(0.3)
+    # The channel lists the consumer once its /sub has reached it: the publish then comes
+    # while the long poll is under way, not before it started.
+    wait_until(
+        lambda: "waiter" in {x["client_id"] for x in channel_stats(http, "lp", "c")["clients"]},
+        "the /sub is waiting in the channel",
+    )
+    assert waiter.is_alive() and got == []
     assert http.post("/pub", params={"topic": "lp"}, content=b"hello").text == "OK"
     waiter.join(35)
+    assert not waiter.is_alive(), "the long poll did not end with the publish"
     [message] = got
     assert body(message) == b"hello" and message["attempts"] == 1
     assert len(message["id"]) == 16 and message["timestamp"] > 1_600_000_000 * 10**9
@@ -174,9 +192,9 @@ def test_a_paused_channel_delivers_nothing_until_unpaused(http: httpx.Client) ->
     create_channel(http, "pz", "c")
     assert http.post("/channel/pause", params={"topic": "pz", "channel": "c"}).is_success
     assert http.post("/pub", params={"topic": "pz"}, content=b"x").text == "OK"
-    deadline = time.monotonic() + 30
-    while channel_stats(http, "pz", "c")["depth"] < 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    # In the channel (fanned out) before the pause is tested: an empty /sub proves nothing
+    # about a message that has not arrived.
+    wait_until(lambda: channel_stats(http, "pz", "c")["depth"] == 1, "the message in the channel")
     assert sub(http, "pz", "c", wait_ms=300) == []
     assert http.post("/channel/unpause", params={"topic": "pz", "channel": "c"}).is_success
     [m] = sub(http, "pz", "c", wait_ms=5000)

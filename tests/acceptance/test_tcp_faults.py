@@ -111,14 +111,28 @@ def test_a_client_that_never_reads_is_dropped_and_its_messages_requeued(server: 
     _still_serving(server)
 
 
+def _tcp_connections(server: Server) -> int:
+    """The connections the server holds open (its /metrics gauge)."""
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    gauge = "deltaq_tcp_connections "
+    [value] = [line.removeprefix(gauge) for line in text.splitlines() if line.startswith(gauge)]
+    return int(float(value))
+
+
 def test_a_thousand_idle_connections_do_not_stop_the_others(server: Server) -> None:
     idle = [Wire(server.tcp_port) for _ in range(1000)]
     try:
         for wire in idle[::100]:
             wire.send(b"NOP\n")
-        started = time.monotonic()
+        # The thousand are the server's (accepted, not queued in the listen backlog) while
+        # another client is served: how fast it is served is for benchmarks; within the
+        # clients' own timeouts (10 s TCP, 5 s HTTP) is what is asserted here.
+        deadline = time.monotonic() + 30
+        while (held := _tcp_connections(server)) < len(idle):
+            assert time.monotonic() < deadline, f"the server holds {held} of the 1000 after 30 s"
+            time.sleep(0.1)
         _still_serving(server)
-        assert time.monotonic() - started < 5
+        assert _tcp_connections(server) >= len(idle), "idle connections were dropped"
     finally:
         for wire in idle:
             wire.close()

@@ -68,7 +68,9 @@ def test_lazy_submissions_commit_at_most_once_per_linger_and_an_awaited_one_take
     tmp_path: Path,
 ) -> None:
     path = str(tmp_path / "ledger")
-    linger = 0.2
+    # Long enough that the five lazy submissions below fit in it on a loaded machine, whose
+    # first commit alone can take a good part of a shorter one (it counts from its start).
+    linger = 1.0
 
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
@@ -76,10 +78,12 @@ def test_lazy_submissions_commit_at_most_once_per_linger_and_an_awaited_one_take
         assert isinstance(writer, LoopLedgerWriter)
         # After a quiet spell the first lazy submission commits at once.
         first = loop.create_future()
+        # Before the first commit starts, so before the linger does: no commit of lazy
+        # submissions may come sooner than a linger after this, however long that commit takes.
+        submitted_at = loop.time()
         writer.submit_events(_events("1", 2), first, lazy=True)
         await first
         assert DeltaTable(path).version() == 1
-        committed_at = loop.time()
         # Within the linger, lazy submissions of many iterations wait for one commit.
         lazy = []
         for n in range(5):
@@ -91,27 +95,42 @@ def test_lazy_submissions_commit_at_most_once_per_linger_and_an_awaited_one_take
         assert writer.pending_bytes == 10 * EVENT_BYTES
         await asyncio.gather(*lazy)
         assert writer.pending_bytes == 0
-        assert loop.time() - committed_at >= linger * 0.9
+        assert loop.time() - submitted_at >= linger
         assert DeltaTable(path).version() == 2
-        # A submission someone waits on commits at once, with the lazy ones before it.
-        waiting = loop.create_future()
-        writer.submit_events(_events("3", 2), waiting, lazy=True)
-        urgent = loop.create_future()
-        writer.submit_events(_events("4", 2), urgent)
-        started = loop.time()
-        await urgent
-        assert waiting.done() and loop.time() - started < linger / 2
-        assert DeltaTable(path).version() == 3
         # Closing commits a lingering batch.
         last = loop.create_future()
-        writer.submit_events(_events("5", 2), last, lazy=True)
+        writer.submit_events(_events("3", 2), last, lazy=True)
         writer.close()
         assert last.done() and last.exception() is None
+        assert DeltaTable(path).version() == 3
+
+        # A submission someone waits on commits at once, with the lazy ones before it. The
+        # same ledger, reopened with a linger of an hour: a commit held for the linger could
+        # not come within the test's time, so no clock needs reading.
+        patient = open_ledger_writer(path, loop, lambda tokens, error: None, linger_s=3600)
+        assert isinstance(patient, LoopLedgerWriter)
+        quiet = loop.create_future()
+        patient.submit_events(_events("4", 2), quiet, lazy=True)
+        await asyncio.wait_for(quiet, 60)  # the first after a quiet spell: at once
+        waiting = loop.create_future()
+        patient.submit_events(_events("5", 2), waiting, lazy=True)
+        await asyncio.sleep(0.05)
+        assert not waiting.done() and DeltaTable(path).version() == 4
+        urgent = loop.create_future()
+        patient.submit_events(_events("6", 2), urgent)
+        try:
+            await asyncio.wait_for(urgent, 60)
+        except TimeoutError:
+            raise AssertionError("an awaited submission waited for the lazy ones' linger") from None
+        # One commit took both.
+        assert waiting.done() and waiting.exception() is None
+        assert DeltaTable(path).version() == 5
+        patient.close()
 
     asyncio.run(scenario())
     events, version = read_ledger(path)
-    assert version == 4
-    assert len(events) == 2 + 10 + 4 + 2
+    assert version == 5
+    assert len(events) == 2 + 10 + 2 + 2 + 2 + 2
 
 
 def test_failed_commit_fails_every_request_of_the_batch_and_writes_nothing(

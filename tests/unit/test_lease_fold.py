@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from queue_engine.channel_queue import _EXPIRIES_SLACK, Answer, ChannelQueue, SettleError
-from queue_engine.lease import FRESH, EventKind, LeaseEvent, MessageState, apply, fold
+from queue_engine.lease import (
+    FRESH,
+    EventKind,
+    LeaseEvent,
+    MessageState,
+    apply,
+    fold,
+    initial,
+)
 
 LEASES = ["1-aaaaaaaaaaaa", "2-bbbbbbbbbbbb", "3-cccccccccccc", "2-dddddddddddd"]
 
@@ -309,18 +318,17 @@ def test_batch_answers_are_all_or_nothing() -> None:
     queue = ChannelQueue()
     queue.add(["0000000000000001", "0000000000000002"], [b"a", b"b"], [0, 0], [None, None], 0)
     (one, two), _ = queue.take(2, 10, 100, "c")
-    try:
+    # pytest.raises, not try/except: a batch that did not fail would skip an except's assert.
+    with pytest.raises(SettleError) as bad_lease:
         queue.settle(
             EventKind.FIN, [Answer(one.id, one.lease), Answer(two.id, "1-000000000000")], 20
         )
-    except SettleError as exc:
-        assert exc.failed == [two.id]
+    assert bad_lease.value.failed == [two.id]
     assert queue.states[one.id].in_flight  # nothing applied
     # The same id twice in one batch: the second FIN is not valid after the first.
-    try:
+    with pytest.raises(SettleError) as twice:
         queue.settle(EventKind.FIN, [Answer(one.id, one.lease), Answer(one.id, one.lease)], 30)
-    except SettleError as exc:
-        assert exc.failed == [one.id]
+    assert twice.value.failed == [one.id]
     assert queue.states[one.id].in_flight
 
 
@@ -336,7 +344,24 @@ def test_deferred_messages_wait_for_their_time_and_req_delay_defers() -> None:
 
 
 def test_states_are_immutable_values() -> None:
-    assert MessageState() == FRESH
+    # FRESH is one object shared by every message no event has touched (initial(), fold()):
+    # a state that could change in place would change all of them at once.
+    assert initial(None) is FRESH
+    with pytest.raises(AttributeError):
+        FRESH.attempts = 1  # type: ignore[misc]
+    deliver = LeaseEvent("m", EventKind.DELIVER, 1, 10, "1-aaaaaaaaaaaa", 70, None, "c1")
+    delivered = apply(FRESH, deliver)
+    # apply() answers with a new state and leaves the one it was given as it was.
+    assert delivered is not FRESH and delivered.in_flight and delivered.attempts == 1
+    # A fold starts every message from FRESH: "n", whose only event is invalid (a TOUCH of an
+    # attempt never delivered), is FRESH itself, untouched by "m"'s delivery.
+    touch = LeaseEvent("n", EventKind.TOUCH, 1, 20, "1-aaaaaaaaaaaa", 80)
+    states = fold([deliver, touch])
+    assert states["m"] == delivered and states["n"] is FRESH
+    assert MessageState() == FRESH and not FRESH.in_flight and FRESH.attempts == 0
+    # Values: states built alike are equal and hash alike, whichever object holds them.
+    again = apply(MessageState(), deliver)
+    assert again is not delivered and again == delivered and hash(again) == hash(delivered)
 
 
 def test_settled_leases_leave_the_expiry_heap_while_live_ones_still_time_out() -> None:
