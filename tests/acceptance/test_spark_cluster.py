@@ -110,6 +110,7 @@ def test_fanout_and_sweep_run_on_the_cluster(
     server.stop()
 
 
+@pytest.mark.timeout(600)  # two kills and two Spark drivers on a busy 2-core machine
 def test_exactly_once_across_kill_9_of_the_worker_and_of_the_driver(
     cluster: SparkCluster, s3_server: S3Server, tmp_path: Path
 ) -> None:
