@@ -228,11 +228,17 @@ class ChannelRuntime:
         state = self.queue.states.get(message_id)
         return state is not None and state.in_flight and state.lease == lease
 
-    def lease_lives(self, message_id: str, lease: str) -> bool:
-        """Whether ``lease`` on ``message_id`` has not ended without its client: in flight, or
-        timed out and not delivered again yet."""
-        state = self.queue.states.get(message_id)
-        return state is not None and state.lease == lease and (state.in_flight or state.timed_out)
+    def ended_leases(self, leases: dict[str, str]) -> list[str]:
+        """The ids of ``leases`` (id -> lease) that ended without their client: no longer in
+        flight under that lease, nor timed out and waiting to be delivered again. One pass
+        over a client's in-flight messages each time its RDY frees up."""
+        states = self.queue.states
+        ended = []
+        for message_id, lease in leases.items():
+            state = states.get(message_id)
+            if state is None or state.lease != lease or not (state.in_flight or state.timed_out):
+                ended.append(message_id)
+        return ended
 
     def why_not_held(self, message_id: str) -> str:
         """nsqd's reason a FIN, REQ or TOUCH of ``message_id`` by a client without its lease

@@ -59,9 +59,8 @@ class Client:
         runtime = self.runtime
         if runtime is None:
             return
-        for message_id, lease in list(self.in_flight.items()):
-            if not runtime.lease_lives(message_id, lease):
-                del self.in_flight[message_id]
+        for message_id in runtime.ended_leases(self.in_flight):
+            del self.in_flight[message_id]
 
     def take_held(self) -> list[Answer]:
         """The leases this client still holds on its channel, forgotten here (to be requeued
