@@ -32,8 +32,9 @@ RESPONSE, ERROR, MESSAGE = 0, 1, 2
 
 def tool(name: str) -> Path:
     """NSQ 1.3.0's ``name`` (nsqd, nsqlookupd, nsq_tail, ...): the workplace's build in
-    ../shared, else built here once with Go from the Go module proxy; the test skips, saying
-    why, where neither can be had."""
+    ../shared, else built here once with Go from the Go module proxy. The test skips, saying
+    why, only where neither is at hand and Go is not installed; with Go installed a build that
+    fails fails the test, with the compiler's output."""
     path = NSQ_TOOLS / name
     if path.is_file():
         return path
@@ -61,7 +62,13 @@ def tool(name: str) -> Path:
                 check=False,
             )
             if result.returncode != 0:
-                pytest.skip(f"building NSQ 1.3.0's {name} with Go failed: {result.stderr[-500:]}")
+                # Go is here, so the tool can be had: a failed build is a failure (a module
+                # proxy out of reach included), not a reason to skip.
+                pytest.fail(
+                    f"building NSQ 1.3.0's {name} with Go failed "
+                    f"(exit {result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-4000:]}",
+                    pytrace=False,
+                )
     return built
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.acceptance.conftest import unavailable
 from tests.conftest import Server
 from tests.consumers import answer, create_channel, sub
 
@@ -30,8 +31,11 @@ def server(warehouse: Path, fanout: None) -> Iterator[Server]:
 @pytest.fixture
 def page(server: Server) -> Iterator[Any]:
     if CHROMIUM is None:
-        pytest.skip("no chromium on this machine (Debian: apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+        unavailable("no chromium on this machine (Debian: apt-get install chromium)")
+    try:
+        from playwright import sync_api
+    except ImportError:
+        unavailable("playwright is not installed (pip install -e '.[test]')")
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1400, "height": 1000})

@@ -13,9 +13,12 @@ import time
 
 import httpx
 import pytest
+from pyspark.sql import SparkSession
 
 from queue_engine.mpub import encode_binary
 from tests.conftest import Server
+from tests.consumers import sub
+from tests.spark.test_fanout import run_once
 
 _names = itertools.count()
 
@@ -398,7 +401,9 @@ def test_topic_create_and_empty_validate_names(client: httpx.Client) -> None:
 # -- channels ------------------------------------------------------------------------------
 
 
-def test_channel_lifecycle(client: httpx.Client, shared_server: Server) -> None:
+def test_channel_lifecycle(
+    client: httpx.Client, shared_server: Server, spark: SparkSession
+) -> None:
     topic = topic_name("ch")
     assert_error(
         client.post("/channel/create", params={"topic": topic, "channel": "c"}),
@@ -427,7 +432,19 @@ def test_channel_lifecycle(client: httpx.Client, shared_server: Server) -> None:
         client.post("/channel/unpause", params={"topic": topic, "channel": "c"}).status_code == 200
     )
     assert channel("c")["paused"] is False
+    # Three messages in both channels (the fanout runs once, over the module's warehouse).
+    assert client.post("/mpub", params={"topic": topic}, content=b"a\nb\nc").text == "OK"
+    shared_server.topic_table(topic)
+    run_once(spark, shared_server.warehouse)
+    deadline = time.monotonic() + 30
+    while [channel(name)["depth"] for name in ("c", "e#ephemeral")] != [3, 3]:
+        assert time.monotonic() < deadline, topic_stats(client, topic)["channels"]
+        time.sleep(0.1)
     assert client.post("/channel/empty", params={"topic": topic, "channel": "c"}).status_code == 200
+    # Gone from that channel, not only uncounted; the other channel keeps its copies.
+    assert channel("c")["depth"] == 0
+    assert sub(client, topic, "c", max=10, wait_ms=1000) == []
+    assert channel("e#ephemeral")["depth"] == 3
     assert (
         client.post("/channel/delete", params={"topic": topic, "channel": "c"}).status_code == 200
     )

@@ -10,9 +10,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pyspark.sql import SparkSession
 
 from tests.conftest import HOST, Server, free_port
+from tests.consumers import sub
 from tests.nsq_wire import tool
+from tests.spark.test_fanout import run_once
 
 
 @pytest.fixture
@@ -47,7 +50,9 @@ def admin(server_factory: type[Server], tmp_path: Path) -> Iterator[tuple[httpx.
         proc.wait(10)
 
 
-def test_nsqadmin_lists_and_acts_on_deltaq(admin: tuple[httpx.Client, Server]) -> None:
+def test_nsqadmin_lists_and_acts_on_deltaq(
+    admin: tuple[httpx.Client, Server], spark: SparkSession
+) -> None:
     nsqadmin, server = admin
     with httpx.Client(base_url=server.url, timeout=30) as api:
         assert api.post("/topic/create?topic=orders").is_success
@@ -72,15 +77,26 @@ def test_nsqadmin_lists_and_acts_on_deltaq(admin: tuple[httpx.Client, Server]) -
         assert nsqadmin.get("/api/topics/orders/billing").json()["paused"] is True
         assert nsqadmin.post("/api/topics/orders/billing", json={"action": "unpause"}).is_success
         assert channel()["paused"] is False
+        # The fanout puts the three in the channel; two more stay in the topic (none runs
+        # after this one).
+        server.topic_table("orders")
+        run_once(spark, server.warehouse)
+        deadline = time.monotonic() + 30
+        while channel()["depth"] != 3:
+            assert time.monotonic() < deadline, channel()
+            time.sleep(0.1)
+        assert api.post("/mpub?topic=orders", content=b"d\ne").text == "OK"
+
         assert nsqadmin.post("/api/topics/orders", json={"action": "pause"}).is_success
         assert api.get("/stats?format=json").json()["topics"][0]["paused"] is True
 
-        # Nothing has been fanned out (no fanout runs here): the topic holds the three.
-        assert api.get("/stats?format=json").json()["topics"][0]["depth"] == 3
+        assert api.get("/stats?format=json").json()["topics"][0]["depth"] == 2
         assert nsqadmin.post("/api/topics/orders", json={"action": "empty"}).is_success
         assert api.get("/stats?format=json").json()["topics"][0]["depth"] == 0
         assert nsqadmin.post("/api/topics/orders/billing", json={"action": "empty"}).is_success
         assert channel()["depth"] == 0
+        # Gone, not only uncounted: a consumer gets none of the three.
+        assert sub(api, "orders", "billing", max=10, wait_ms=1000) == []
         assert nsqadmin.delete("/api/topics/orders/billing").is_success
         assert api.get("/stats?format=json").json()["topics"][0]["channels"] == []
         assert nsqadmin.delete("/api/topics/orders").is_success

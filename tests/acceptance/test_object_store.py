@@ -42,7 +42,7 @@ from queue_engine.spark.checkpoint_mirror import CheckpointMirror
 from queue_engine.spark.session import hadoop_aws_package
 from queue_engine.store.coordination import JobLock
 from queue_engine.store.tables import Warehouse
-from tests.acceptance.conftest import BUCKET
+from tests.acceptance.conftest import BUCKET, unavailable
 from tests.conftest import ROOT, Server, run_deltaq
 from tests.consumers import answer, body, channel_stats, create_channel, sub
 
@@ -120,10 +120,15 @@ def test_publish_fanout_exactly_once_leases_sweep_and_sql(site: Site) -> None:
         mpub = [f"mpub-{i}".encode() for i in range(30)]
         assert c.post("/mpub", params={"topic": "orders"}, content=b"\n".join(mpub)).text == "OK"
         sent |= set(mpub)
-        deferred = b"deferred"
-        r = c.post("/pub", params={"topic": "orders", "defer": 1500}, content=deferred)
+        # Deferred past the test's end: held back by its deferral, whatever the order of
+        # delivery; and deferred 1.5 s, due long before the fanout is done.
+        later, soon = b"deferred-1h", b"deferred-1.5s"
+        r = c.post("/pub", params={"topic": "orders", "defer": 3_600_000}, content=later)
         assert r.text == "OK"
-        sent.add(deferred)
+        r = c.post("/pub", params={"topic": "orders", "defer": 1500}, content=soon)
+        assert r.text == "OK"
+        soon_due = time.monotonic() + 1.5
+        sent |= {later, soon}
 
         site.fanout_once()
         rows = site.table(wh.channel_messages_path("orders", "billing"))
@@ -131,20 +136,28 @@ def test_publish_fanout_exactly_once_leases_sweep_and_sql(site: Site) -> None:
         assert len(set(rows.column("id").to_pylist())) == len(sent)
 
         # Leases: FIN, REQ, TOUCH through the API over this store.
-        leased = take(c, "orders", "billing", 50, msg_timeout_ms=30_000)
-        assert len(leased) == 50
-        assert deferred not in {body(m) for m in leased}  # deferred 1.5 s: not yet
-        fin, req, touch = leased[:40], leased[40:45], leased[45]
+        time.sleep(max(0.0, soon_due - time.monotonic()))
+        leased = take(c, "orders", "billing", 51, msg_timeout_ms=30_000)
+        assert len(leased) == 51
+        # All but the one deferred for an hour, which is not due: asked for more, the channel
+        # has nothing to give.
+        assert later not in {body(m) for m in leased}
+        assert sub(c, "orders", "billing", max=10, wait_ms=1000) == []
+        assert soon in {body(m) for m in leased}
+        plain = [m for m in leased if body(m) != soon]
+        [due] = [m for m in leased if body(m) == soon]
+        fin, req, touch = [*plain[:40], due], plain[40:45], plain[45]
         assert answer(c, "fin", "orders", "billing", *fin).text == "OK"
         assert answer(c, "req", "orders", "billing", *req, timeout_ms=0).text == "OK"
         assert answer(c, "touch", "orders", "billing", touch).text == "OK"
-        again = take(c, "orders", "billing", 6, msg_timeout_ms=30_000)
+        again = take(c, "orders", "billing", 5, msg_timeout_ms=30_000)
         by_body = {body(m): m for m in again}
-        assert set(by_body) == {body(m) for m in req} | {deferred}
+        assert set(by_body) == {body(m) for m in req}
         assert {by_body[body(m)]["attempts"] for m in req} == {2}
         assert answer(c, "fin", "orders", "billing", *again).text == "OK"
         stats = channel_stats(c, "orders", "billing")
-        assert (stats["depth"], stats["in_flight_count"]) == (0, 5)  # 4 of leased[45:] + touch
+        # 4 of plain[46:] and touch in flight; the hour-long deferral still waiting.
+        assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 5, 1)
     server.stop()
 
     swept = site.run("sweep")
@@ -226,7 +239,7 @@ def test_a_store_deltaq_cannot_use_stops_each_command_with_one_line(s3_server: S
 
 def test_wrong_credentials_are_refused_at_start(tmp_path: Path) -> None:
     if moto_server_command() is None:
-        pytest.skip("moto's S3 server is not installed (pip install 'moto[server]')")
+        unavailable("moto's S3 server is not installed (pip install 'moto[server]')")
     # moto checks signatures against its known users once its free actions are used up.
     no_free_actions = {"INITIAL_NO_AUTH_ACTION_COUNT": "0"}
     server = S3Server(free_port(), tmp_path / "moto.log", env=no_free_actions).start()

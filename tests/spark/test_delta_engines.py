@@ -9,8 +9,10 @@ starts without delta-spark and they skip, saying so.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ from queue_engine.store.delta import commit_actions, open_or_create, remove_file
 from queue_engine.store.tables import TOPIC_SCHEMA, Warehouse
 from queue_engine.store.upkeep import compact_small_files
 from tests.conftest import Server
-from tests.consumers import answer, create_channel, sub
+from tests.consumers import answer, body, create_channel, sub
 from tests.spark.test_fanout import run_once
 from tests.spark.test_source import batch, make_topic
 
@@ -60,25 +62,6 @@ def count(spark: SparkSession, path: Path | str, **options: str) -> int:
 
 def rows(path: Path | str) -> int:
     return int(DeltaTable(str(path)).to_pyarrow_table().num_rows)
-
-
-def consume_all(c: httpx.Client, topic: str, channel: str, expect: int) -> list[str]:
-    """Every message the channel delivers until ``expect`` came and a while passed with
-    nothing more, each FIN'd; the ids in delivery order."""
-    got: list[str] = []
-    deadline = time.monotonic() + 60
-    idle_since: float | None = None
-    while time.monotonic() < deadline:
-        batch_ = sub(c, topic, channel, max=100, wait_ms=500)
-        if batch_:
-            idle_since = None
-            got += [m["id"] for m in batch_]
-            assert answer(c, "fin", topic, channel, *batch_).status_code == 200
-        elif len(got) >= expect:
-            idle_since = idle_since or time.monotonic()
-            if time.monotonic() - idle_since > 1.5:
-                break
-    return got
 
 
 def test_delta_spark_reads_every_table_deltaq_writes(
@@ -207,22 +190,161 @@ def test_a_users_delta_stream_of_a_topic_keeps_running_across_retention(
         stream("strict")
 
 
-def test_another_engine_maintains_a_topic_while_deltaq_publishes_and_consumes(
-    delta: SparkSession, served: tuple[Path, httpx.Client]
-) -> None:
-    wh, c = served
-    topic = Warehouse(str(wh)).topic_path("t")
-    acknowledged: list[bytes] = []
+class Publisher(threading.Thread):
+    """Publishes msg-NNNNN to topic t, one at a time, until stopped: deltaq's appends going on
+    while another engine works on the table. ``acknowledged``: the bodies answered OK."""
 
-    def publish(first: int, n: int) -> None:
-        for i in range(first, first + n):
-            body = f"msg-{i:04d}".encode()
-            assert c.post("/pub", params={"topic": "t"}, content=body).text == "OK"
-            acknowledged.append(body)
+    def __init__(self, url: str) -> None:
+        super().__init__(name="publisher", daemon=True)
+        self.url, self.next = url, 0
+        self.acknowledged: list[bytes] = []
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with httpx.Client(base_url=self.url, timeout=30) as c:
+                while not self.stop.is_set():
+                    body = f"msg-{self.next:05d}".encode()
+                    r = c.post("/pub", params={"topic": "t"}, content=body)
+                    assert r.text == "OK", r.text
+                    self.acknowledged.append(body)
+                    self.next += 1
+                    self.stop.wait(0.1)  # ~10 a second
+        except BaseException as exc:
+            self.error = exc
+
+    def during(self, action: Callable[[], object]) -> None:
+        """``action``, with publishes acknowledged while it ran."""
+        before = len(self.acknowledged)
+        action()
+        assert len(self.acknowledged) > before, "no publish went on during the operation"
+
+    def finish(self) -> list[bytes]:
+        self.stop.set()
+        self.join(30)
+        assert self.error is None, self.error
+        return self.acknowledged
+
+
+class Consumer(threading.Thread):
+    """SUBs channel t/c and FINs what it gets until stopped; ``bodies``: every delivery."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(name="consumer", daemon=True)
+        self.url = url
+        self.bodies: list[bytes] = []
+        self.ids: list[str] = []
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with httpx.Client(base_url=self.url, timeout=30) as c:
+                while not self.stop.is_set():
+                    got = sub(c, "t", "c", max=20, wait_ms=500)
+                    if got:
+                        assert answer(c, "fin", "t", "c", *got).status_code == 200
+                        self.ids += [m["id"] for m in got]
+                        self.bodies += [body(m) for m in got]
+        except BaseException as exc:
+            self.error = exc
+
+    def finish(self, expect: int) -> None:
+        """Once ``expect`` deliveries came and then 1.5 s with nothing (room for a duplicate
+        to show), stop."""
+        deadline = time.monotonic() + 120
+        while len(self.bodies) < expect and time.monotonic() < deadline and self.is_alive():
+            time.sleep(0.1)
+        time.sleep(1.5)
+        self.stop.set()
+        self.join(30)
+        assert self.error is None, self.error
+
+
+def data_files(table: str) -> tuple[set[Path], set[Path]]:
+    """The table's data files on disk, and those its latest version holds (``_``-prefixed
+    directories, deltaq's spare files and the log, are no data of the table's)."""
+    root = Path(table).resolve()
+    on_disk = {
+        p
+        for p in root.rglob("*.parquet")
+        if not any(part.startswith(("_", ".")) for part in p.relative_to(root).parts)
+    }
+    return on_disk, {Path(uri).resolve() for uri in DeltaTable(table).file_uris()}
+
+
+# How long the API lets a topic's acknowledged publishes wait before their commit, here.
+LINGER_MS = 10_000
+
+
+@pytest.fixture
+def lingering(server_factory: type[Server], tmp_path: Path) -> tuple[Path, httpx.Client]:
+    """``served``, but the API commits to a topic at most every LINGER_MS (its publishes are
+    acknowledged from its journal meanwhile): delta-spark aborts a DELETE during which any
+    file was added (Delta's only isolation level outside Databricks, Serializable, blind
+    append or not), so a DELETE amid publishes gets through only between two commits."""
+    wh = tmp_path / "wh"
+    server = server_factory(wh, env={"DELTAQ_DRAIN_LINGER_MS": str(LINGER_MS)}).start()
+    c = httpx.Client(base_url=server.url, timeout=30)
+    create_channel(c, "t", "c")
+    return wh, c
+
+
+@pytest.fixture
+def publisher(lingering: tuple[Path, httpx.Client]) -> Iterator[Publisher]:
+    p = Publisher(str(lingering[1].base_url))
+    yield p
+    p.stop.set()
+
+
+@pytest.fixture
+def consumer(lingering: tuple[Path, httpx.Client]) -> Iterator[Consumer]:
+    c = Consumer(str(lingering[1].base_url))
+    yield c
+    c.stop.set()
+
+
+def retried(action: Callable[[], object]) -> None:
+    """``action``, again each time delta-spark aborts it for a file added meanwhile."""
+    for _ in range(20):
+        try:
+            action()
+            return
+        except Exception as exc:
+            if "DELTA_CONCURRENT_APPEND" not in str(exc):
+                raise
+    raise AssertionError("delta-spark aborted it 20 times for files added meanwhile")
+
+
+def after_a_commit(table: str, action: Callable[[], object]) -> Callable[[], None]:
+    """``action`` once the table's next commit landed (the API's next is LINGER_MS later)."""
+
+    def run() -> None:
+        log = Path(table) / "_delta_log"
+        version = DeltaTable(table).version()
+        deadline = time.monotonic() + 3 * LINGER_MS / 1000
+        while not (log / f"{version + 1:020d}.json").exists():
+            assert time.monotonic() < deadline, f"no commit after version {version}"
+            time.sleep(0.01)
+        action()
+
+    return run
+
+
+@pytest.mark.timeout(900)
+def test_another_engine_maintains_a_topic_while_deltaq_publishes_and_consumes(
+    delta: SparkSession,
+    lingering: tuple[Path, httpx.Client],
+    publisher: Publisher,
+    consumer: Consumer,
+) -> None:
+    wh, c = lingering
+    topic = Warehouse(str(wh)).topic_path("t")
 
     def ids_of(*bodies: bytes) -> list[str]:
         # Acknowledged means journaled: the row reaches the table a topic commit later.
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while True:
             table = DeltaTable(topic).to_pyarrow_table(columns=["id", "body"]).to_pylist()
             found = [r["id"] for r in table if r["body"] in bodies]
@@ -230,31 +352,85 @@ def test_another_engine_maintains_a_topic_while_deltaq_publishes_and_consumes(
                 return found
             time.sleep(0.05)
 
-    publish(0, 40)
+    def sql(statement: str) -> None:
+        delta.sql(statement).collect()
+
+    def delete(message_id: str) -> Callable[[], None]:
+        statement = f"DELETE FROM delta.`{topic}` WHERE id = '{message_id}'"
+        return lambda: retried(after_a_commit(topic, lambda: sql(statement)))
+
+    # From here to the VACUUM deltaq takes publishes all the time (and commits them to the
+    # topic every LINGER_MS), and the channel's messages are consumed as the fanout delivers
+    # them: every DELETE, OPTIMIZE and property change of the other engine's runs in the
+    # middle of that, and deltaq's commits go on after each of its commits.
+    publisher.start()
+    consumer.start()
+    while len(publisher.acknowledged) < 40:
+        time.sleep(0.05)
+    taken_body = b"msg-00003"
+    [taken] = ids_of(taken_body)
     run_once(delta, wh)
     # An erasure request after the fanout took the message: the channel already has it.
-    [taken] = ids_of(b"msg-0003")
-    delta.sql(f"DELETE FROM delta.`{topic}` WHERE id = '{taken}'")
-    publish(40, 40)
-    # An erasure before the fanout took it: it must never be delivered.
-    [erased] = ids_of(b"msg-0050")
-    delta.sql(f"DELETE FROM delta.`{topic}` WHERE id = '{erased}'")
-    delta.sql(f"OPTIMIZE delta.`{topic}`")
-    publish(80, 20)
-    delta.sql(f"OPTIMIZE delta.`{topic}` ZORDER BY (id)")
-    delta.sql(f"VACUUM delta.`{topic}`")
-    delta.sql(f"ALTER TABLE delta.`{topic}` SET TBLPROPERTIES ('delta.appendOnly'='false')")
-    publish(100, 20)
+    publisher.during(delete(taken))
+    # An erasure before the fanout took it (none runs until the next run_once): it must never
+    # be delivered.
+    erased_body = publisher.acknowledged[-1]
+    [erased] = ids_of(erased_body)
+    publisher.during(delete(erased))
+    publisher.during(lambda: retried(lambda: sql(f"OPTIMIZE delta.`{topic}`")))
+    # The fanout reads those rewrites while deltaq goes on appending; the channel fills.
+    publisher.during(lambda: run_once(delta, wh))
+    publisher.during(lambda: retried(lambda: sql(f"OPTIMIZE delta.`{topic}` ZORDER BY (id)")))
+    appendable = "('delta.appendOnly'='false')"
+    publisher.during(
+        lambda: retried(lambda: sql(f"ALTER TABLE delta.`{topic}` SET TBLPROPERTIES {appendable}"))
+    )
+    acknowledged = publisher.finish()
+    history = delta.sql(f"DESCRIBE HISTORY delta.`{topic}`").collect()  # newest first
+    theirs = [
+        h["operation"]
+        for h in history
+        if h["operation"] in ("DELETE", "OPTIMIZE") and "Delta-Lake" in (h["engineInfo"] or "")
+    ]
+    assert theirs == ["OPTIMIZE", "OPTIMIZE", "DELETE", "DELETE"]
+
+    # Every acknowledged row in the table (no commit of deltaq's to come) and the fanout
+    # caught up: VACUUM with no retention then deletes every file the latest version does not
+    # hold, the ones the DELETEs and OPTIMIZEs replaced.
+    kept = [m for m in acknowledged if m not in (taken_body, erased_body)]
+    assert len(ids_of(*kept)) == len(kept)
+    run_once(delta, wh)
+    on_disk, live = data_files(topic)
+    assert on_disk - live, "the DELETEs and OPTIMIZEs left no file for VACUUM to remove"
+    check = "spark.databricks.delta.retentionDurationCheck.enabled"
+    previous = delta.conf.get(check, None)
+    delta.conf.set(check, "false")
+    try:
+        sql(f"VACUUM delta.`{topic}` RETAIN 0 HOURS")
+    finally:
+        delta.conf.set(check, previous) if previous is not None else delta.conf.unset(check)
+    assert data_files(topic) == (live, live)
+    # Publishing and the fanout go on after it.
+    after = [f"after-{i:02d}".encode() for i in range(20)]
+    for message in after:
+        assert c.post("/pub", params={"topic": "t"}, content=message).text == "OK"
+    acknowledged += after
+    assert len(ids_of(*after)) == len(after)
     run_once(delta, wh)
 
-    got = consume_all(c, "t", "c", expect=119)
+    # Every acknowledged message delivered exactly once, but the one erased before the fanout.
+    expected = [m for m in acknowledged if m != erased_body]
+    consumer.finish(expect=len(expected))
+    delivered = Counter(consumer.bodies)
+    assert max(delivered.values()) == 1, delivered.most_common(3)
+    assert sorted(delivered) == sorted(expected)
+    assert erased not in consumer.ids and taken in consumer.ids
     channel = DeltaTable(Warehouse(str(wh)).channel_messages_path("t", "c")).to_pyarrow_table()
     in_channel = Counter(channel["id"].to_pylist())
     assert max(in_channel.values()) == 1, "a channel row was written twice"
-    assert erased not in in_channel and erased not in got
+    assert erased not in in_channel
     assert taken in in_channel
-    assert len(got) == len(set(got)) == 119, Counter(got).most_common(3)
-    assert count(delta, topic) == rows(topic) == 118
+    assert count(delta, topic) == rows(topic) == len(acknowledged) - 2
 
 
 def test_a_feature_deltaq_cannot_keep_working_with_refuses_that_topic_only(

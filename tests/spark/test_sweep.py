@@ -142,34 +142,78 @@ def test_sweep_is_incremental_and_skips_unchanged_channels(
     assert sum(state["timeouts"].to_pylist()) == 5
 
 
+# ``deltaq sweep`` as a user runs it, but stopped where the sweep calls one function of
+# queue_engine.spark.sweep (argv[1]): the call writes the file argv[2] names and waits to be
+# killed, so a SIGKILL lands at a point the test knows. Everything before it is the real run.
+STOPPED_SWEEP = """
+import runpy, sys, time
+import queue_engine.spark.sweep as sweep
+function, marker = sys.argv[1], sys.argv[2]
+def stopped(*args, **kwargs):
+    open(marker, "w").close()
+    time.sleep(3600)
+setattr(sweep, function, stopped)
+sys.argv = ["deltaq", *sys.argv[3:]]
+runpy.run_module("deltaq", run_name="__main__")
+"""
+
+
+def kill_sweep_at(wh: Warehouse, function: str, tmp_path: Path) -> None:
+    """``deltaq sweep --once``, SIGKILLed once it reached ``function``."""
+    marker, log = tmp_path / f"reached-{function}", tmp_path / f"sweep-{function}.log"
+    command = [sys.executable, "-c", STOPPED_SWEEP, function, str(marker)]
+    command += ["sweep", "--once", "--warehouse", wh.root]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists():
+            assert proc.poll() is None, f"ended before {function}: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"no {function} in 240 s: {log.read_text()}"
+            time.sleep(0.02)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+
+
+@pytest.mark.slow
 def test_sweep_killed_mid_run_then_rerun_applies_each_timeout_once(tmp_path: Path) -> None:
-    """SIGKILL at several points of `deltaq sweep --once`, then a full run: the state is the
-    fold of the ledger and no expired lease is counted twice."""
+    """`deltaq sweep --once` SIGKILLed with the fold done and nothing committed, then between
+    its TIMEOUT commit and its state commit; then a full run: the state is the fold of the
+    ledger and no expired lease is timed out or counted twice."""
     wh = Warehouse(str(tmp_path / "wh"))
     register(wh, "t", "c")
     ids = write_messages(wh, "t", "c", 3000, rows_per_commit=500)
     expired = write_deliveries(wh, "t", "c", ids, expired_fraction=0.2, rows_per_commit=500)
+    ledger, state_path = wh.channel_ledger_path("t", "c"), wh.channel_state_path("t", "c")
+    before = DeltaTable(ledger).version()
+
+    # Killed with every channel folded, as the commits begin: nothing written.
+    kill_sweep_at(wh, "_commit_channel", tmp_path)
+    assert DeltaTable(ledger).version() == before
+    assert not DeltaTable.is_deltatable(state_path)
+    # Killed after the ledger's TIMEOUT commit, before the state's: the TIMEOUTs alone.
+    kill_sweep_at(wh, "write_state", tmp_path)
+    assert DeltaTable(ledger).version() == before + 1
+    swept = timeouts_written(wh, "t", "c")
+    assert len(swept) == len(set(swept)) == expired
+    assert not DeltaTable.is_deltatable(state_path)
+
     command = [sys.executable, "-m", "deltaq", "sweep", "--once", "--warehouse", wh.root]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    for delay in (4.0, 7.0, 9.0):
-        proc = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        time.sleep(delay)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
     done = subprocess.run(command, check=False, cwd=ROOT, env=env, capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
-    state = DeltaTable(wh.channel_state_path("t", "c")).to_pyarrow_table()
+    state = DeltaTable(state_path).to_pyarrow_table()
     assert state.num_rows == 3000
     assert sum(state["timeouts"].to_pylist()) == expired
     assert status_counts(state) == {"ready": expired, "in_flight": 3000 - expired}
     timed_out = state.filter(pc.equal(state["status"], "ready"))
     assert set(timed_out["timeouts"].to_pylist()) == {1}
     assert set(timed_out["attempts"].to_pylist()) == {1}
-    # The ledger may hold a TIMEOUT from a killed run and none from the last; never a state
-    # that counts both.
-    assert len(timeouts_written(wh, "t", "c")) >= expired
+    assert sorted(timed_out["id"].to_pylist()) == swept
+    # The killed run's TIMEOUTs were folded as they were: the full run appended none.
+    assert timeouts_written(wh, "t", "c") == swept
 
 
 def test_a_sweep_that_died_between_its_two_commits_is_completed_by_the_next(
