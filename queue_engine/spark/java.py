@@ -47,6 +47,22 @@ def check_java() -> None:
         raise JavaUnavailableError(
             f"Spark needs Java {REQUIRED} or later, and found no java ({where}): {INSTALL}"
         )
+    release = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(path))), "release")
+    try:
+        # A JDK's own record of its version: no JVM started to ask it (java -version is one).
+        with open(release) as f:
+            output = f.read()
+    except OSError:
+        output = _version_output(path)
+    major = major_version(output.replace("JAVA_VERSION=", "version "))
+    if major is None or major < REQUIRED:
+        found = f"Java {major}" if major is not None else "no Java version it could tell"
+        raise JavaUnavailableError(
+            f"Spark needs Java {REQUIRED} or later; {path} ({where}) is {found}: {INSTALL}"
+        )
+
+
+def _version_output(path: str) -> str:
     try:
         done = subprocess.run(
             [path, "-version"], capture_output=True, text=True, timeout=30, check=False
@@ -55,9 +71,4 @@ def check_java() -> None:
         raise JavaUnavailableError(
             f"Spark needs Java {REQUIRED} or later; {path} did not run ({exc}): {INSTALL}"
         ) from exc
-    major = major_version(done.stderr + done.stdout)
-    if major is None or major < REQUIRED:
-        found = f"Java {major}" if major is not None else "no Java version it could tell"
-        raise JavaUnavailableError(
-            f"Spark needs Java {REQUIRED} or later; {path} ({where}) is {found}: {INSTALL}"
-        )
+    return done.stderr + done.stdout

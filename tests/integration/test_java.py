@@ -68,3 +68,14 @@ def test_a_spark_command_without_java_prints_one_line_and_exits_4(tmp_path: Path
     errors = [line for line in done.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and "is Java 11" in errors[0], done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_jdks_release_file_is_read_before_any_jvm_is_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The JDK's ``release`` file decides: its java (here one that says 17) is not run."""
+    home = _java_home(tmp_path, "17.0.2")
+    (home / "release").write_text('IMPLEMENTOR="Test"\nJAVA_VERSION="11.0.22"\n')
+    monkeypatch.setenv("JAVA_HOME", str(home))
+    with pytest.raises(JavaUnavailableError, match=r"is Java 11"):
+        check_java()
