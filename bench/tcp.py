@@ -26,6 +26,7 @@ import contextlib
 import itertools
 import json
 import multiprocessing as mp
+import random
 import socket
 import struct
 import tempfile
@@ -192,19 +193,35 @@ def _depth(target: Target, topic: str) -> int:
 
 
 def _publish(
-    port: int, topic: str, batch: int, connections: int, seconds: float, out: mp.Queue
-) -> None:  # type: ignore[type-arg]
-    """``connections`` sockets, each: one PUB (or MPUB of ``batch``) then wait for its OK."""
+    port: int,
+    topic: str,
+    batch: int,
+    connections: int,
+    seconds: float,
+    out: mp.Queue,  # type: ignore[type-arg]
+    topics: int = 0,
+) -> None:
+    """``connections`` sockets, each: one PUB (or MPUB of ``batch``) then wait for its OK;
+    with ``topics``, each command goes to one of ``<topic>_0`` .. ``<topic>_<topics - 1>`` at
+    random."""
     socks = [_connect(port) for _ in range(connections)]
     if batch == 1:
-        command = f"PUB {topic}\n".encode() + struct.pack(">i", len(BODY)) + BODY
+        tail = struct.pack(">i", len(BODY)) + BODY
+        verb = "PUB"
     else:
         payload = struct.pack(">i", batch) + (struct.pack(">i", len(BODY)) + BODY) * batch
-        command = f"MPUB {topic}\n".encode() + struct.pack(">i", len(payload)) + payload
+        tail = struct.pack(">i", len(payload)) + payload
+        verb = "MPUB"
+    names = [f"{topic}_{i}" for i in range(topics)] if topics else [topic]
+    commands = [f"{verb} {name}\n".encode() + tail for name in names]
+
+    def command() -> bytes:
+        return commands[random.randrange(len(commands))]
+
     sent = 0
     end = time.monotonic() + seconds
     for sock in socks:
-        sock.sendall(command)
+        sock.sendall(command())
     buffers = {sock: bytearray() for sock in socks}
     import selectors
 
@@ -225,19 +242,22 @@ def _publish(
                     continue
                 assert (kind, data) == (0, b"OK"), (kind, data)
                 sent += batch
-                sock.sendall(command)
+                sock.sendall(command())
     out.put(sent)
     for sock in socks:
         sock.close()
 
 
-def publish(target: Target, batch: int, seconds: float) -> float:
-    topic = f"bench_pub_{batch}"
-    post(target.http_port, f"/topic/create?topic={topic}")
+def publish(target: Target, batch: int, seconds: float, topics: int = 0) -> float:
+    """msg/s of ``PUBLISHERS`` connections each waiting for every answer: to one topic, or
+    with ``topics`` to that many at random (created first, without channels)."""
+    topic = f"bench_pub_{batch}" + (f"_of_{topics}" if topics else "")
+    for name in [f"{topic}_{i}" for i in range(topics)] if topics else [topic]:
+        post(target.http_port, f"/topic/create?topic={name}")
     out: mp.Queue[int] = mp.Queue()
     per = PUBLISHERS // PUBLISHER_PROCESSES
     procs = [
-        mp.Process(target=_publish, args=(target.tcp_port, topic, batch, per, seconds, out))
+        mp.Process(target=_publish, args=(target.tcp_port, topic, batch, per, seconds, out, topics))
         for _ in range(PUBLISHER_PROCESSES)
     ]
     for p in procs:
@@ -247,12 +267,24 @@ def publish(target: Target, batch: int, seconds: float) -> float:
         p.join(30)
     rate = total / seconds
     what = "PUB" if batch == 1 else f"MPUB x{batch}"
-    print(f"  {target.name}: {what}, {PUBLISHERS} connections: {rate:,.0f} msg/s", flush=True)
+    where = f" to {topics:,} topics at random" if topics else ""
+    print(
+        f"  {target.name}: {what}, {PUBLISHERS} connections{where}: {rate:,.0f} msg/s",
+        flush=True,
+    )
     return rate
 
 
-def latency(target: Target, rate: int, seconds: float) -> tuple[float, float]:
-    topic = "bench_latency"
+def latency(
+    target: Target,
+    rate: int,
+    seconds: float,
+    topic: str = "bench_latency",
+    before: Callable[[], object] | None = None,
+) -> tuple[float, float]:
+    """p50 and p99 ms from publish to delivery, ``rate`` msg/s pipelined on one connection to
+    ``topic`` whose channel has one consumer; ``before`` runs once the path is warm, just
+    before the measured publishes (e.g. a burst to other topics)."""
     post(target.http_port, f"/topic/create?topic={topic}")
     post(target.http_port, f"/channel/create?topic={topic}&channel=c")
     done = mp.Value("q", 0)
@@ -288,6 +320,8 @@ def latency(target: Target, rate: int, seconds: float) -> tuple[float, float]:
         pub(b"warmup")
         time.sleep(0.5)
     time.sleep(2)
+    if before is not None:
+        before()
     # From here the publisher pipelines, as go-nsq's PublishAsync and pynsq's Writer do: it
     # sends each PUB when due and reads the answers in another thread.
     answered = [0]

@@ -168,7 +168,7 @@ class Channels:
             max_lease_us=self.settings.max_msg_timeout_ms * 1000,
             is_paused=lambda: self._paused(topic, channel),
             notify=self._acks.committed,
-            on_waiting=self.pump.heat,
+            on_waiting=self._waiting,
             lanes=lanes,
         )
         try:
@@ -225,6 +225,11 @@ class Channels:
         for runtime in list(self._open.values()):
             if runtime.ledger_path == path:
                 runtime.request_reopen()
+
+    def _waiting(self, runtime: ChannelRuntime) -> None:
+        """A consumer waits on ``runtime``: tick it often, and commit its topic soon."""
+        self.pump.heat(runtime)
+        self._topics.consumer_waiting(runtime.topic)
 
     def _paused(self, topic: str, channel: str) -> bool:
         info = self._registry.registry.topics.get(topic)

@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import time
@@ -429,6 +430,8 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target: dict[str, list[int]] | None = None
         self._registry_reader = RegistryReader(self.warehouse.registry_path)
         self._known: dict[str, int] = {}
+        # The next budgeted trigger hands out files from the topic after this one ("": first).
+        self._budget_after = ""
         # Rows of the batch the last latestOffset sized under a file budget (None: no budget).
         self.last_rows: int | None = None
         self._log = AddedFilesCache()
@@ -460,7 +463,12 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end: dict[str, list[int]] = {}
         names = sorted(registry.topics)
         probed = self._to_probe(names, everything=paused_ok)
-        for name in names:
+        # The budget goes round: when it ran out, the next trigger begins after the last topic
+        # it reached, so busy topics early in name order cannot keep the later ones waiting.
+        turn = bisect.bisect_right(names, self._budget_after)
+        cut_short = False
+        reached = ""
+        for name in names[turn:] + names[:turn]:
             info = registry.topics[name]
             seq = info.created_seq
             begin_version = _begin_version(start, name, seq)
@@ -483,11 +491,17 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 latest = min(latest, target[1]) if target and target[0] == seq else begin_version
             latest = self._before_refusal(name, path, begin_version, latest)
             if budget is not None:
-                latest = min(latest, begin_version + max(budget, 0))
-                latest, rows = self._row_capped(path, begin_version, latest, rows_left)
+                capped = min(latest, begin_version + max(budget, 0))
+                capped, rows = self._row_capped(path, begin_version, capped, rows_left)
+                cut_short = cut_short or capped < latest
+                if capped > begin_version:
+                    reached = name
+                latest = capped
                 budget -= max(0, latest - begin_version)
                 rows_left -= rows
             end[name] = [seq, max(latest, begin_version)]
+        if budget is not None:
+            self._budget_after = reached if cut_short else ""
         # Counted while sizing the batch (from the commits' statistics): the hybrid reader
         # decides on it whether to prefetch.
         self.last_rows = None if budget is None else self.max_rows - rows_left

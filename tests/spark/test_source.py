@@ -337,3 +337,41 @@ def test_over_many_topics_a_trigger_probes_the_noticed_ones_and_a_slice_of_the_r
     for _ in range(len(names)):  # the slices come round to every topic
         later = reader.latestOffset(later, ReadAllAvailable())
     assert versions(later) == {**dict.fromkeys(names, 1), "t3": 2, "t4": 2}
+
+
+def test_a_trigger_file_budget_goes_round_the_topics(tmp_path: Path) -> None:
+    """Busy topics early in name order cannot keep a later one's rows waiting: once a
+    trigger's budget runs out, the next begins after the last topic it reached."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles
+
+    from queue_engine.registry import Action, RegistryEvent
+    from queue_engine.spark.source import TopicsStreamReader
+    from queue_engine.store.tables import RegistryStore, Warehouse
+
+    wh = Warehouse(str(tmp_path / "wh"))
+    registry = RegistryStore(wh.registry_path)
+    names = ["a", "b", "c"]
+    appenders = {}
+    for seq, name in enumerate(names):
+        registry.append(RegistryEvent(2 * seq + 1, 0, Action.TOPIC_CREATE, name))
+        registry.append(
+            RegistryEvent(2 * seq + 2, 0, Action.CHANNEL_CREATE, name, "c", topic_version=-1)
+        )
+        appenders[name] = make_topic(Path(wh.topic_path(name)), commits=1)
+    reader = TopicsStreamReader(wh.root, 256, 2, 200_000)
+    end = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    reached: dict[str, list[int]] = {name: [] for name in names}
+    for trigger in range(6):
+        for name in ("a", "b"):  # always more than a trigger's budget of 2 files
+            for _ in range(3):
+                appenders[name].append(batch(1, 100 * trigger))
+        if trigger == 0:
+            appenders["c"].append(batch(1, 1000))
+        begin, end = end, reader.latestOffset(end, ReadMaxFiles(2))
+        for name in names:
+            if end[name][1] > begin[name][1]:
+                reached[name].append(trigger)
+        assert sum(end[n][1] - begin[n][1] for n in names) <= 2
+    # Each topic gets its turn: "c", last in name order, within the first three triggers.
+    assert reached["c"] and reached["c"][0] <= 2, reached
+    assert reached["a"] and reached["b"], reached

@@ -195,6 +195,17 @@ class GroupCommitter(ABC, Generic[T]):
             else:
                 commit_pool().submit(self._drain, self._drain_gen)
 
+    def hurry(self) -> None:
+        """The linger may have become shorter (a consumer began waiting for this table's rows):
+        a drain waiting for the old one is scheduled again by the new one."""
+        with self._cond:
+            if not self._lingering or self.linger is None:
+                return
+            self._drain_gen += 1  # the task waiting for the old linger finds itself stale
+            self._lingering = False
+            self._draining = False
+            self._schedule()
+
     def expedite(self) -> None:
         """Drain now what waits for its linger (closing, or an admin change waiting on it)."""
         with self._cond:

@@ -1,0 +1,302 @@
+"""Publishing and consuming as users run deltaq: ``deltaq up`` (the API with the fanout, the
+sweep and Spark Connect beside it on the same cores) and the reference nsqd 1.3.0, in turn,
+in the same run, driven by the same clients.
+
+1. NSQ's own ``bench_writer --batch-size 1`` (go-nsq's ``Publish``: each connection waits
+   for each answer) on a quiet server, to a topic with a channel; then ``--batch-size 200``;
+   then ``--batch-size 1`` again right after it (what the background work of a burst costs
+   the foreground); then ``bench_reader`` (RDY 2500, FIN each) on that channel, with the
+   serving process's peak RSS.
+2. HTTP ``/pub`` acknowledgement latency at a steady 200 and 1,000 msg/s (one keep-alive
+   connection, sent when due).
+3. ``PUB`` over 16 connections each waiting for its ``OK`` (``bench.tcp``'s load
+   generator), to one topic and to 1,000 topics at random.
+4. Publish -> delivered at 1,000 msg/s pipelined on one connection to a topic with one TCP
+   consumer: on a quiet server, and right after 16 connections published to 1,000 other
+   topics at random for ``--burst-seconds``.
+
+deltaq up runs as ``deltaq up --warehouse <tmp>``; its figures are the ones a user of the
+embedded default gets. nsqd's and NSQ's load tools come from ``../shared/tools/nsq-1.3.0``.
+
+    python -m bench.up [--seconds 10] [--burst-seconds 10] [--only CASE,...] [--no-nsqd]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from bench import tcp
+from bench.procs import HOST, ROOT, free_port, nsqd_process, post, stop
+
+TOOLS = ROOT.parent / "shared" / "tools" / "nsq-1.3.0"
+WRITER_TOPIC = "sub_bench"  # bench_writer's and bench_reader's default topic
+READER_CHANNEL = "ch"  # bench_reader's default channel
+CASES = ("writer", "ack", "pub", "delivered")
+
+
+def up_process(workdir: Path) -> subprocess.Popen[bytes] | None:
+    """``deltaq up`` on loopback ports in ``workdir``, once it says it is ready (the API, and
+    the fanout and the sweep running)."""
+    http_port, tcp_port = free_port(), free_port()
+    log_path = workdir / "up.log"
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYSPARK_PYTHON": sys.executable,
+        "DELTAQ_SPARK_CONNECT_PORT": str(free_port()),
+    }
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "deltaq", "up", "--warehouse", str(workdir / "wh")),
+                *("--port", str(http_port), "--tcp-port", str(tcp_port)),
+            ],
+            cwd=workdir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 300
+    while "deltaq ready: " not in log_path.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            print(log_path.read_text(errors="replace")[-3000:])
+            stop(proc)
+            return None
+        time.sleep(0.2)
+    proc.ports = (http_port, tcp_port)  # type: ignore[attr-defined]
+    return proc
+
+
+def stop_up(proc: subprocess.Popen[bytes]) -> None:
+    """Ctrl-C, as a user stops it; then whatever is left of its children."""
+    children = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+
+
+_RATE = re.compile(r"([\d.]+)ops/s - ([\d.]+)us/op")
+
+
+def nsq_tool(tool: str, target: tcp.Target, seconds: float, *args: str) -> tuple[float, float]:
+    """Run NSQ's ``bench_writer`` or ``bench_reader`` against ``target``: (msg/s, µs/op)."""
+    done = subprocess.run(
+        [
+            str(TOOLS / tool),
+            f"--nsqd-tcp-address={HOST}:{target.tcp_port}",
+            f"--runfor={seconds:g}s",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 120,
+        check=False,
+    )
+    found = _RATE.search(done.stdout + done.stderr)
+    if found is None:
+        raise RuntimeError(f"{tool} printed no figure:\n{done.stdout}\n{done.stderr}")
+    return float(found.group(1)), float(found.group(2))
+
+
+def _peak_rss(pid: int, until: threading.Event, out: list[int]) -> None:
+    process = psutil.Process(pid)
+    peak = 0
+    while not until.wait(0.01):
+        try:
+            peak = max(peak, process.memory_info().rss)
+        except psutil.Error:
+            break
+    out.append(peak)
+
+
+def writer_cases(target: tcp.Target, seconds: float, figures: dict[str, float]) -> None:
+    post(target.http_port, f"/topic/create?topic={WRITER_TOPIC}")
+    post(target.http_port, f"/channel/create?topic={WRITER_TOPIC}&channel={READER_CHANNEL}")
+    for key, batch, when in (
+        ("writer1", "1", "quiet"),
+        ("writer200", "200", ""),
+        ("writer1_after", "1", "right after the batch-size 200 run"),
+    ):
+        rate, per_op = nsq_tool("bench_writer", target, seconds, f"--batch-size={batch}")
+        figures[key] = rate
+        print(
+            f"  {target.name}: bench_writer --batch-size {batch}{', ' + when if when else ''}: "
+            f"{rate:,.0f} msg/s ({per_op:.1f} us/op)",
+            flush=True,
+        )
+    stop_rss = threading.Event()
+    peak: list[int] = []
+    watcher = threading.Thread(target=_peak_rss, args=(target.pid, stop_rss, peak))
+    watcher.start()
+    rate, _ = nsq_tool("bench_reader", target, seconds, "--rdy=2500")
+    stop_rss.set()
+    watcher.join()
+    figures["reader"] = rate
+    figures["reader_rss_mib"] = peak[0] / 2**20
+    print(
+        f"  {target.name}: bench_reader RDY 2500, FIN each: {rate:,.0f} msg/s (serving "
+        f"process peak RSS {peak[0] / 2**20:,.0f} MiB)",
+        flush=True,
+    )
+
+
+def _percentiles(samples: list[float]) -> tuple[float, float, float]:
+    ordered = sorted(samples)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return at(0.5), at(0.95), at(0.99)
+
+
+def ack_latency(target: tcp.Target, rate: int, seconds: float) -> tuple[float, float, float]:
+    """p50, p95, p99 ms of HTTP ``/pub`` answers at a steady ``rate`` (after 2 s unmeasured)."""
+    topic = "bench_ack"
+    post(target.http_port, f"/topic/create?topic={topic}")
+    post(target.http_port, f"/channel/create?topic={topic}&channel=c")
+    conn = http.client.HTTPConnection(HOST, target.http_port, timeout=30)
+    body = b"x" * 200
+    samples: list[float] = []
+    interval = 1.0 / rate
+    started = next_at = time.monotonic()
+    end = started + 2 + seconds
+    while time.monotonic() < end:
+        sent = time.perf_counter()
+        conn.request("POST", f"/pub?topic={topic}", body=body)
+        answer = conn.getresponse()
+        assert answer.read() == b"OK" and answer.status == 200
+        if time.monotonic() - started >= 2:
+            samples.append((time.perf_counter() - sent) * 1000)
+        next_at += interval
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    conn.close()
+    p50, p95, p99 = _percentiles(samples)
+    print(
+        f"  {target.name}: HTTP /pub ack at {rate:,} msg/s: p50 {p50:.2f} / p95 {p95:.2f} / "
+        f"p99 {p99:.2f} ms ({len(samples):,} answers)",
+        flush=True,
+    )
+    return p50, p95, p99
+
+
+def run_target(target: tcp.Target, args: argparse.Namespace, cases: set[str]) -> dict[str, float]:
+    figures: dict[str, float] = {}
+    if "writer" in cases:
+        writer_cases(target, args.seconds, figures)
+    if "ack" in cases:
+        for rate in (200, 1000):
+            figures[f"ack{rate}_p50"], _, figures[f"ack{rate}_p99"] = ack_latency(
+                target, rate, args.seconds
+            )
+    if "pub" in cases:
+        figures["pub16"] = tcp.publish(target, 1, args.seconds)
+        figures["pub16_1000"] = tcp.publish(target, 1, args.seconds, topics=1000)
+    if "delivered" in cases:
+        figures["quiet_p50"], figures["quiet_p99"] = tcp.latency(
+            target, 1000, args.seconds, topic="bench_quiet"
+        )
+        burst: Callable[[], object] = lambda: tcp.publish(  # noqa: E731
+            target, 1, args.burst_seconds, topics=1000
+        )
+        figures["burst_p50"], figures["burst_p99"] = tcp.latency(
+            target, 1000, args.seconds, topic="bench_after_burst", before=burst
+        )
+    return figures
+
+
+ROWS = (
+    ("writer1", "bench_writer --batch-size 1, quiet (msg/s)", "ratio"),
+    ("writer200", "bench_writer --batch-size 200 (msg/s)", "ratio"),
+    ("writer1_after", "bench_writer --batch-size 1 right after it (msg/s)", "ratio"),
+    ("reader", "bench_reader RDY 2500 (msg/s)", "ratio"),
+    ("reader_rss_mib", "serving process peak RSS while reading (MiB)", ""),
+    ("ack200_p50", "HTTP /pub ack p50 at 200 msg/s (ms)", ""),
+    ("ack200_p99", "HTTP /pub ack p99 at 200 msg/s (ms)", ""),
+    ("ack1000_p50", "HTTP /pub ack p50 at 1,000 msg/s (ms)", ""),
+    ("ack1000_p99", "HTTP /pub ack p99 at 1,000 msg/s (ms)", ""),
+    ("pub16", "TCP PUB, 16 connections (msg/s)", "ratio"),
+    ("pub16_1000", "TCP PUB, 16 connections, 1,000 topics at random (msg/s)", "ratio"),
+    ("quiet_p50", "publish -> delivered p50, quiet (ms)", ""),
+    ("quiet_p99", "publish -> delivered p99, quiet (ms)", ""),
+    ("burst_p50", "publish -> delivered p50, after a 1,000-topic burst (ms)", ""),
+    ("burst_p99", "publish -> delivered p99, after a 1,000-topic burst (ms)", ""),
+)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--burst-seconds", type=float, default=10)
+    parser.add_argument("--only", default=",".join(CASES), help=f"of {','.join(CASES)}")
+    parser.add_argument("--no-nsqd", action="store_true")
+    args = parser.parse_args()
+    cases = set(args.only.split(","))
+    if cases - set(CASES):
+        parser.error(f"unknown cases: {sorted(cases - set(CASES))}")
+    if "writer" in cases and not (TOOLS / "bench_writer").is_file():
+        print(f"NSQ's load tools are absent ({TOOLS}): the writer case is left out")
+        cases.discard("writer")
+    results: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("nsqd", "deltaq up"):
+            workdir = Path(tmp) / name.replace(" ", "_")
+            workdir.mkdir()
+            if name == "nsqd":
+                if args.no_nsqd:
+                    continue
+                tcp_port, http_port = free_port(), free_port()
+                nsqd = nsqd_process(workdir / "data", tcp_port, http_port)
+                if nsqd is None:
+                    print(f"nsqd is absent ({TOOLS}): deltaq only")
+                    continue
+                try:
+                    target = tcp.Target(name, tcp_port, http_port, nsqd.pid)
+                    results[name] = run_target(target, args, cases)
+                finally:
+                    stop(nsqd)
+            else:
+                started = time.monotonic()
+                up = up_process(workdir)
+                if up is None:
+                    print("deltaq up did not get ready (its log's tail is above)")
+                    return 1
+                print(f"deltaq up ready in {time.monotonic() - started:.1f} s", flush=True)
+                http_port, tcp_port = up.ports  # type: ignore[attr-defined]
+                try:
+                    target = tcp.Target(name, tcp_port, http_port, up.pid)
+                    results[name] = run_target(target, args, cases)
+                finally:
+                    stop_up(up)
+    ours, theirs = results.get("deltaq up", {}), results.get("nsqd", {})
+    print("\n| measure | deltaq up | nsqd 1.3.0 | deltaq / nsqd |\n| --- | --- | --- | --- |")
+    for key, label, ratio in ROWS:
+        if key not in ours:
+            continue
+        mine, other = ours[key], theirs.get(key)
+        shown = f"{other:,.1f}" if other is not None else "-"
+        quotient = f"{mine / other:.2f}x" if ratio and other else ""
+        print(f"| {label} | {mine:,.1f} | {shown} | {quotient} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""How journaled publishes reach their topic tables when many topics are busy: paced to the
+node's commit budget, except a topic whose consumers wait, which commits first."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from queue_engine.topics import DrainPacer
+from tests.conftest import Server
+
+TOPICS = 8
+
+
+def test_the_pace_follows_the_busy_topics_and_a_waited_topic_is_not_paced() -> None:
+    pacer = DrainPacer(0.05, commits_per_s=100)
+    assert pacer.linger("a") == 0.05
+    for i in range(1000):
+        pacer.linger(f"t{i}")
+    time.sleep(0.6)  # the busy topics are counted twice a second
+    assert pacer.linger("t0") == 1001 / 100
+    assert pacer.waited("t1") is True  # paced until now
+    assert pacer.waited("t1") is False  # already waited on
+    assert pacer.linger("t1") == 0.05
+    assert pacer.linger("t2") == 1001 / 100
+
+
+def _commit_times(topic_log: Path) -> list[float]:
+    """When each of a topic table's versions after its creation appeared (file mtimes)."""
+    return sorted(p.stat().st_mtime for p in topic_log.glob("*.json") if p.stem != "0" * 20)
+
+
+def test_a_topic_whose_consumer_waits_commits_ahead_of_the_paced_ones(
+    server_factory: type[Server], tmp_path: Path
+) -> None:
+    # A budget of 2 commits a second over 8 busy topics: each commits every ~4 s.
+    server = server_factory(tmp_path / "wh", env={"DELTAQ_DRAIN_MAX_COMMITS_PER_S": "2"}).start()
+    client = httpx.Client(base_url=server.url, timeout=30)
+    for i in range(TOPICS):
+        assert client.post(f"/topic/create?topic=t{i}").status_code == 200
+    assert client.post("/channel/create?topic=t0&channel=c").status_code == 200
+    stop = threading.Event()
+
+    def publish() -> None:
+        with httpx.Client(base_url=server.url, timeout=30) as pub:
+            while not stop.is_set():
+                for i in range(TOPICS):
+                    assert pub.post(f"/pub?topic=t{i}", content=b"m").text == "OK"
+                time.sleep(0.02)
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    try:
+        time.sleep(5)  # the pace settles: every topic is busy
+        watched_from = time.time()
+        time.sleep(3)
+        paced = [
+            t for t in _commit_times(tmp_path / "wh/topics/t0/_delta_log") if t >= watched_from
+        ]
+        assert len(paced) <= 1, f"t0 committed {len(paced)} times in 3 s while paced"
+
+        # A consumer waits on t0's channel (nothing fans out here: it keeps waiting).
+        waiting = threading.Thread(
+            target=lambda: httpx.get(
+                f"{server.url}/sub?topic=t0&channel=c&wait_ms=8000", timeout=30
+            )
+        )
+        waiting.start()
+        time.sleep(0.5)
+        waited_from = time.time()
+        time.sleep(2)
+        first = _commit_times(tmp_path / "wh/topics/t0/_delta_log")
+        other = _commit_times(tmp_path / "wh/topics/t1/_delta_log")
+        waited = [t for t in first if t >= waited_from]
+        # Every drain_linger_ms (50) while the consumer waits: dozens in 2 s, not one.
+        assert len(waited) >= 10, f"t0 committed {len(waited)} times in 2 s with a consumer"
+        assert len([t for t in other if t >= waited_from]) <= 1, "t1 is no longer paced"
+        waiting.join()
+    finally:
+        stop.set()
+        publisher.join()
