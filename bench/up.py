@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
+import json
 import os
 import re
 import signal
@@ -34,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,6 +43,12 @@ import psutil
 
 from bench import tcp
 from bench.procs import HOST, ROOT, free_port, nsqd_process, post, stop
+
+
+def get(port: int, path: str) -> str:
+    with urllib.request.urlopen(f"http://{HOST}:{port}{path}") as answer:
+        return str(answer.read().decode())
+
 
 TOOLS = ROOT.parent / "shared" / "tools" / "nsq-1.3.0"
 WRITER_TOPIC = "sub_bench"  # bench_writer's and bench_reader's default topic
@@ -143,6 +151,9 @@ def writer_cases(target: tcp.Target, seconds: float, figures: dict[str, float]) 
             f"{rate:,.0f} msg/s ({per_op:.1f} us/op)",
             flush=True,
         )
+    waited = _fanned_out(target)
+    print(f"  {target.name}: the channel held every message {waited:.1f} s later", flush=True)
+    figures["fanned_out_s"] = waited
     stop_rss = threading.Event()
     peak: list[int] = []
     watcher = threading.Thread(target=_peak_rss, args=(target.pid, stop_rss, peak))
@@ -157,6 +168,21 @@ def writer_cases(target: tcp.Target, seconds: float, figures: dict[str, float]) 
         f"process peak RSS {peak[0] / 2**20:,.0f} MiB)",
         flush=True,
     )
+
+
+def _fanned_out(target: tcp.Target, timeout_s: float = 900) -> float:
+    """Seconds until the reader's channel holds every message of its topic (deltaq: the
+    fanout caught up with the writers; nsqd: at once)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        url = f"/stats?format=json&topic={WRITER_TOPIC}&channel={READER_CHANNEL}"
+        stats = json.loads(get(target.http_port, url))
+        topic = (stats.get("topics") or [{}])[0]
+        channels = topic.get("channels") or [{}]
+        if channels[0].get("depth", -1) >= topic.get("message_count", 0) > 0:
+            break
+        time.sleep(0.5)
+    return time.monotonic() - started
 
 
 def _percentiles(samples: list[float]) -> tuple[float, float, float]:
@@ -227,7 +253,8 @@ ROWS = (
     ("writer1", "bench_writer --batch-size 1, quiet (msg/s)", "ratio"),
     ("writer200", "bench_writer --batch-size 200 (msg/s)", "ratio"),
     ("writer1_after", "bench_writer --batch-size 1 right after it (msg/s)", "ratio"),
-    ("reader", "bench_reader RDY 2500 (msg/s)", "ratio"),
+    ("fanned_out_s", "then until the channel held every message (s)", ""),
+    ("reader", "bench_reader RDY 2500, once it did (msg/s)", "ratio"),
     ("reader_rss_mib", "serving process peak RSS while reading (MiB)", ""),
     ("ack200_p50", "HTTP /pub ack p50 at 200 msg/s (ms)", ""),
     ("ack200_p99", "HTTP /pub ack p99 at 200 msg/s (ms)", ""),
