@@ -42,7 +42,7 @@ from pathlib import Path
 import psutil
 
 from bench import tcp
-from bench.procs import HOST, ROOT, free_port, nsqd_process, post, stop
+from bench.procs import HOST, ROOT, file_create_us, free_port, nsqd_process, post, stop
 
 
 def get(port: int, path: str) -> str:
@@ -284,6 +284,7 @@ def main() -> int:
         cases.discard("writer")
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        print(f"file create: {file_create_us(Path(tmp)):.0f} us", flush=True)
         for name in ("nsqd", "deltaq up"):
             workdir = Path(tmp) / name.replace(" ", "_")
             workdir.mkdir()

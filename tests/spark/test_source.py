@@ -65,6 +65,10 @@ def test_delta_spark_is_on_the_sessions_classpath(spark: SparkSession) -> None:
     assert channel_format_for(spark, "deltaq") == "deltaq"
     with pytest.raises(ValueError, match="one of auto, driver, delta, deltaq"):
         channel_format_for(spark, "parquet")
+    # Sized for two local cores: Delta's snapshots and VACUUM's listing (10,000 tasks by
+    # default: a VACUUM of a small table took over a minute).
+    assert spark.conf.get("spark.databricks.delta.snapshotPartitions") == "2"
+    assert spark.conf.get("spark.sql.sources.parallelPartitionDiscovery.parallelism") == "2"
 
 
 def test_local_jvm_runs_with_the_quick_compiler_only(spark: SparkSession) -> None:
