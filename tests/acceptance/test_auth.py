@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -18,9 +18,10 @@ from urllib.parse import parse_qs, urlparse
 
 import httpx
 import pytest
+import trustme
 
 from api.server import is_loopback
-from tests.conftest import HOST, ROOT, Server, free_port
+from tests.conftest import HOST, ROOT, Server, free_port, wait_until
 from tests.consumers import channel_stats
 from tests.nsq_wire import ERROR, RESPONSE, Nsqd, Wire, identify, sized
 
@@ -54,15 +55,6 @@ def tokens(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
-    """Poll ``condition`` until it holds: the server's state, not a guess at how long it takes
-    to get there on a loaded machine."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
-        time.sleep(0.02)
 
 
 def tcp_connections(server: Server) -> int:
@@ -247,7 +239,6 @@ def test_nsqd_auth_server_answers_like_nsqd(
 
 
 def test_https_with_a_certificate_made_here(server_factory: type[Server], tmp_path: Path) -> None:
-    trustme = pytest.importorskip("trustme")
     ca = trustme.CA()
     cert = ca.issue_cert(HOST)
     cert_path, key_path, ca_path = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"
@@ -274,7 +265,6 @@ def test_https_with_a_certificate_made_here(server_factory: type[Server], tmp_pa
 def test_tokens_guard_http_and_https_alike(
     server_factory: type[Server], tmp_path: Path, tokens: tuple[Path, dict[str, str]]
 ) -> None:
-    trustme = pytest.importorskip("trustme")
     ca = trustme.CA()
     cert = ca.issue_cert(HOST)
     cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +14,8 @@ import pytest
 
 from queue_engine.lease import fold
 from queue_engine.store.tables import Warehouse, read_ledger
-from tests.conftest import Server
+from tests.conftest import Server, wait_until
 from tests.consumers import answer, body, channel_stats, create_channel, sub
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
-    """Poll ``condition`` until it holds: the server's state, not a guess at how long it takes
-    to get there on a loaded machine."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
-        time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
+import gnsq
 import httpx
 import pytest
 
@@ -12,7 +13,6 @@ from tests.conftest import Server
 
 
 def test_gnsq_http_client(shared_server: Server) -> None:
-    gnsq = pytest.importorskip("gnsq")
     client = gnsq.NsqdHTTPClient("127.0.0.1", shared_server.port)
     assert client.ping() == b"OK"
     assert client.publish("gnsq_topic", b"one") == b"OK"

@@ -69,7 +69,6 @@ def _run_client(script: str, *args: str) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("feature", ["plain", "snappy", "deflate"])
 def test_pynsq_reader_and_writer(server: Server, feature: str) -> None:
-    pytest.importorskip("nsq")
     topic = f"pynsq_{feature}"
     seen = _run_client("pynsq_roundtrip.py", str(server.tcp_port), topic, "30", feature)
     assert seen["acks"] == ["b'OK'"] * 30
@@ -79,7 +78,6 @@ def test_pynsq_reader_and_writer(server: Server, feature: str) -> None:
 
 
 def test_pynsq_over_tls(server: Server, ca: trustme.CA, tmp_path: Path) -> None:
-    pytest.importorskip("nsq")
     ca_file = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
     seen = _run_client(
@@ -91,7 +89,6 @@ def test_pynsq_over_tls(server: Server, ca: trustme.CA, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("feature", ["", "deflate", "snappy"])
 def test_gnsq_consumer_and_producer(server: Server, feature: str) -> None:
-    pytest.importorskip("gnsq")
     topic = f"gnsq_{feature or 'plain'}"
     seen = _run_client(
         "gnsq_roundtrip.py", str(server.tcp_port), topic, "20", *([feature] if feature else [])

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import trustme
 from pyspark.sql import SparkSession
 
 from queue_engine.spark.fanout_stream import start_fanout
@@ -20,8 +21,6 @@ from tests.conftest import HOST, Server, free_port
 from tests.nsq_wire import Nsqd, Wire, sized, tool
 
 pytestmark = pytest.mark.slow
-
-trustme = pytest.importorskip("trustme")
 
 
 @pytest.fixture(scope="module")
