@@ -20,6 +20,9 @@ from api.state import broker_of
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.settings import Settings
 
+# The most nsqlookupds a node registers with (PUT /config/nsqlookupd_tcp_addresses).
+MAX_LOOKUPD_ADDRESSES = 100
+
 router = APIRouter(tags=["info"])
 
 _MS = 1_000_000  # ns per ms: nsqd's durations are encoded in nanoseconds
@@ -125,7 +128,11 @@ async def put_log_level(request: Request) -> Response:
             "required": True,
             "content": {
                 "application/json": {
-                    "schema": {"type": "array", "items": {"type": "string"}, "maxItems": 100}
+                    "schema": {
+                        "type": "array",
+                        "items": {"type": "string"},
+                        "maxItems": MAX_LOOKUPD_ADDRESSES,
+                    }
                 }
             },
         }
@@ -164,6 +171,10 @@ async def put_option(request: Request, option: Option) -> Response:
             raise QueueError(ErrorCode.INVALID_VALUE, "not JSON") from exc
         if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
             raise QueueError(ErrorCode.INVALID_VALUE, "not a list of strings")
+        if len(addresses) > MAX_LOOKUPD_ADDRESSES:
+            raise QueueError(
+                ErrorCode.INVALID_VALUE, f"more than {MAX_LOOKUPD_ADDRESSES} addresses"
+            )
         request.app.state.lookupd_addresses = addresses
         lookupd = getattr(request.app.state, "lookupd", None)
         if lookupd is not None:

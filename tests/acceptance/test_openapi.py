@@ -23,6 +23,7 @@ CHECKS = ",".join(
         "status_code_conformance",
         "response_schema_conformance",
         "content_type_conformance",
+        "negative_data_rejection",
         "positive_data_acceptance",
     ]
 )
@@ -47,6 +48,8 @@ def test_api_matches_its_schema(api_server: Server, tmp_path: Path) -> None:
     run = subprocess.run(
         [
             binary,
+            "--config-file",
+            str(ROOT / "tests" / "schemathesis.toml"),
             "run",
             f"{api_server.url}/openapi.json",
             "--checks",
