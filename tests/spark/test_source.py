@@ -18,7 +18,7 @@ from queue_engine.message import LANES
 from queue_engine.spark.fanout_stream import channel_format_for
 from queue_engine.spark.session import Engine, engine, read_format
 from queue_engine.store.delta import LocalAppender, append_once, open_or_create
-from queue_engine.store.tables import TOPIC_SCHEMA
+from queue_engine.store.tables import TOPIC_SCHEMA, Warehouse
 from queue_engine.store.tables.topic_writer import _Publish, _to_arrow
 
 
@@ -51,6 +51,22 @@ def expected(spark: SparkSession, table: pa.Table) -> DataFrame:
         table.to_pylist(),
         schema=from_arrow_schema(TOPIC_SCHEMA),
     )
+
+
+def topics_with_a_channel(wh: Warehouse, names: list[str]) -> dict[str, LocalAppender]:
+    """Topics ``names``, each with channel ``c`` and one commit of 3 rows: their appenders."""
+    from queue_engine.registry import Action, RegistryEvent
+    from queue_engine.store.tables import RegistryStore
+
+    registry = RegistryStore(wh.registry_path)
+    appenders = {}
+    for seq, name in enumerate(names):
+        registry.append(RegistryEvent(2 * seq + 1, 0, Action.TOPIC_CREATE, name))
+        registry.append(
+            RegistryEvent(2 * seq + 2, 0, Action.CHANNEL_CREATE, name, "c", topic_version=-1)
+        )
+        appenders[name] = make_topic(Path(wh.topic_path(name)), commits=1)
+    return appenders
 
 
 def test_delta_spark_is_on_the_sessions_classpath(spark: SparkSession) -> None:
@@ -298,11 +314,9 @@ def test_over_many_topics_a_trigger_probes_the_noticed_ones_and_a_slice_of_the_r
 ) -> None:
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-    from queue_engine.registry import Action, RegistryEvent
     from queue_engine.spark import source
     from queue_engine.store.tables import (
         NoticeWriter,
-        RegistryStore,
         Warehouse,
         topic_notice_writer,
     )
@@ -311,15 +325,8 @@ def test_over_many_topics_a_trigger_probes_the_noticed_ones_and_a_slice_of_the_r
     monkeypatch.setattr(source, "PROBE_ALL_TOPICS", 2)
     monkeypatch.setattr(source, "NOTICE_WRITERS_S", 0.0)
     wh = Warehouse(str(tmp_path / "wh"))
-    registry = RegistryStore(wh.registry_path)
     names = [f"t{i}" for i in range(5)]
-    appenders = {}
-    for seq, name in enumerate(names):
-        registry.append(RegistryEvent(2 * seq + 1, 0, Action.TOPIC_CREATE, name))
-        registry.append(
-            RegistryEvent(2 * seq + 2, 0, Action.CHANNEL_CREATE, name, "c", topic_version=-1)
-        )
-        appenders[name] = make_topic(Path(wh.topic_path(name)), commits=1)
+    appenders = topics_with_a_channel(wh, names)
     reader = source.TopicsStreamReader(wh.root, 256, 200, 200_000)
 
     def versions(end: dict[str, list[int]]) -> dict[str, int]:
@@ -348,20 +355,12 @@ def test_a_trigger_file_budget_goes_round_the_topics(tmp_path: Path) -> None:
     trigger's budget runs out, the next begins after the last topic it reached."""
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles
 
-    from queue_engine.registry import Action, RegistryEvent
     from queue_engine.spark.source import TopicsStreamReader
-    from queue_engine.store.tables import RegistryStore, Warehouse
+    from queue_engine.store.tables import Warehouse
 
     wh = Warehouse(str(tmp_path / "wh"))
-    registry = RegistryStore(wh.registry_path)
     names = ["a", "b", "c"]
-    appenders = {}
-    for seq, name in enumerate(names):
-        registry.append(RegistryEvent(2 * seq + 1, 0, Action.TOPIC_CREATE, name))
-        registry.append(
-            RegistryEvent(2 * seq + 2, 0, Action.CHANNEL_CREATE, name, "c", topic_version=-1)
-        )
-        appenders[name] = make_topic(Path(wh.topic_path(name)), commits=1)
+    appenders = topics_with_a_channel(wh, names)
     reader = TopicsStreamReader(wh.root, 256, 2, 200_000)
     end = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
     reached: dict[str, list[int]] = {name: [] for name in names}
