@@ -72,7 +72,7 @@ def maintenance(settings: Settings) -> object:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from queue_engine.spark.session import build_session
+    from queue_engine.spark.session import LazySession, build_session, runs_locally
     from queue_engine.spark.sweep import sweep
     from queue_engine.store.coordination import JobLock
     from queue_engine.store.tables import Warehouse
@@ -82,12 +82,19 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.every is None and not warehouse.exists():
         raise CommandError(f"no deltaq warehouse at {settings.warehouse} (no registry table)")
     lock = JobLock(settings.warehouse, "sweep", lease_s=settings.store_lease_s).acquire()
-    spark = build_session(args.master, "deltaq-sweep", packages=settings.spark_packages)
+    session = LazySession(
+        lambda: build_session(args.master, "deltaq-sweep", packages=settings.spark_packages)
+    )
+    # One local sweep starts Spark only if its fold needs a Spark job (small ones are folded
+    # on the driver): a cron's sweep of a quiet warehouse takes seconds, not a JVM's start.
+    # On a cluster, or under spark-submit, the session is the application: built at once.
+    if args.every is not None or not runs_locally(args.master):
+        session.get()
     try:
         if args.every is None:
             progress = Progress()
             report = sweep(
-                spark,
+                session,
                 warehouse,
                 force=args.force,
                 maintenance=maintenance(settings),  # type: ignore[arg-type]
@@ -113,10 +120,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        run_every(spark, settings, args.every, stop)
+        run_every(session.get(), settings, args.every, stop)
         return 0
     finally:
-        spark.stop()
+        session.stop()
         lock.release()
 
 

@@ -17,7 +17,7 @@ import hashlib
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -429,6 +429,34 @@ def remote_session(url: str) -> SparkSession:
     spark.client.disable_reattachable_execute()
     register(spark)
     return spark
+
+
+class LazySession:
+    """A SparkSession built the first time it is asked for: a one-shot job that may not need
+    Spark (a sweep small enough to fold on the driver) does not start a JVM for nothing."""
+
+    def __init__(self, build: Callable[[], SparkSession]) -> None:
+        self._build = build
+        self._session: SparkSession | None = None
+
+    def get(self) -> SparkSession:
+        if self._session is None:
+            self._session = self._build()
+        return self._session
+
+    @property
+    def started(self) -> bool:
+        return self._session is not None
+
+    def stop(self) -> None:
+        if self._session is not None:
+            self._session.stop()
+
+
+def runs_locally(master: str | None) -> bool:
+    """Whether a session for ``master`` would be a local Spark this process starts (not a
+    cluster's, nor the one spark-submit started)."""
+    return (master is None or master.startswith("local")) and not _inside_spark_submit()
 
 
 def _inside_spark_submit() -> bool:

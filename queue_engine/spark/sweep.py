@@ -31,6 +31,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from queue_engine.spark import fold_inputs
+from queue_engine.spark.session import LazySession
 from queue_engine.state_fold import (
     FINISHED,
     FOLD_OUTPUT_SCHEMA,
@@ -231,7 +232,7 @@ def fold_frame(
 
 
 def sweep(
-    spark: SparkSession,
+    spark: SparkSession | LazySession,
     warehouse: Warehouse,
     *,
     now: int | None = None,
@@ -259,7 +260,6 @@ def sweep(
         _retain(warehouse, retention, now, report, tell)
         report.seconds = time.perf_counter() - started
         return report
-    parallelism = partitions or max(2, spark.sparkContext.defaultParallelism)
     inputs = _driver_inputs(plans, local_max_rows) if local_max_rows > 0 else None
     if inputs is not None:
         report.folded_on = "driver"
@@ -267,7 +267,9 @@ def sweep(
         results = [i.fold(now) for i in inputs]
     else:
         tell(f"sweep: folding {len(plans)} channels in a Spark job")
-        results = _fold_with_spark(spark, plans, now, parallelism)
+        session = spark.get() if isinstance(spark, LazySession) else spark
+        parallelism = partitions or max(2, session.sparkContext.defaultParallelism)
+        results = _fold_with_spark(session, plans, now, parallelism)
     timed_out: list[tuple[str, str]] = []
     # Channels commit side by side: each is a few Delta commits, mostly I/O outside the GIL
     # (one after the other, a first sweep over ten thousand channels took minutes).

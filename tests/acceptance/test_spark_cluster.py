@@ -65,53 +65,8 @@ def channel_bodies(root: str, env: dict[str, str], topic: str, channel: str) -> 
     return rows
 
 
-def test_fanout_and_sweep_run_on_the_cluster(
-    cluster: SparkCluster, s3_server: S3Server, tmp_path: Path
-) -> None:
-    env = store_env(s3_server.endpoint)
-    root = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
-    server = Server(tmp_path / "wh", env=env, warehouse_url=root).start()
-    with httpx.Client(base_url=server.url, timeout=30) as c:
-        create_channel(c, "jobs", "runner")
-        sent = [f"m{i}".encode() for i in range(300)]
-        assert c.post("/mpub", params={"topic": "jobs"}, content=b"\n".join(sent)).text == "OK"
-
-    checkpoint = str(tmp_path / "checkpoint")
-    fanout_log = tmp_path / "fanout.log"
-    args = ["fanout", "--master", cluster.url, "--warehouse", root, "--once"]
-    fanout = driver([*args, "--checkpoint", checkpoint], env, fanout_log)
-    assert fanout.wait(240) == 0, fanout_log.read_text()[-3000:]
-    assert "topic rows read by tasks on the executors" in fanout_log.read_text()
-    # ... and the channel rows written by them: the driver only commits.
-    assert "channel tables written with format(deltaq)" in fanout_log.read_text()
-    assert sorted(channel_bodies(root, env, "jobs", "runner")) == sorted(sent)
-
-    sweep_log = tmp_path / "sweep.log"
-    # spark-submit as the docs say: delta-spark's jars with --packages (from Ivy's cache).
-    sweep_args = [
-        "--master",
-        cluster.url,
-        "--packages",
-        delta_spark_package(),
-        str(ROOT / "jobs" / "sweep.py"),
-        "--warehouse",
-        root,
-    ]
-    sweep = driver(sweep_args, env, sweep_log, submit=True)
-    assert sweep.wait(240) == 0, sweep_log.read_text()[-3000:]
-    assert "swept 1 channels" in sweep_log.read_text()
-    assert "Delta engine: delta-spark" in sweep_log.read_text()
-
-    # Both ran as applications of the cluster, with executors on its worker.
-    names = {app["name"] for app in cluster.applications()}
-    assert {"deltaq-fanout", "deltaq-sweep"} <= names, names
-    executor_logs = list((cluster.workdir / "worker-0").glob("app-*/*/stderr"))
-    assert len(executor_logs) >= 2
-    server.stop()
-
-
-@pytest.mark.timeout(600)  # two kills and two Spark drivers on a busy 2-core machine
-def test_exactly_once_across_kill_9_of_the_worker_and_of_the_driver(
+@pytest.mark.timeout(900)  # two kills, three Spark drivers on a busy 2-core machine
+def test_fanout_and_sweep_run_on_the_cluster_exactly_once_across_kill_9_of_worker_and_driver(
     cluster: SparkCluster, s3_server: S3Server, tmp_path: Path
 ) -> None:
     # A short lease: the second driver waits for the killed one's fanout lock to lapse.
@@ -159,6 +114,31 @@ def test_exactly_once_across_kill_9_of_the_worker_and_of_the_driver(
     assert len(stored) == len(set(stored))
     assert sorted(stored) == sorted(sent)
     assert len(sent) > 100
+    # The executors read the topic rows and wrote the channel rows: the driver only commits.
+    assert "topic rows read by tasks on the executors" in log.read_text()
+    assert "channel tables written with format(deltaq)" in log.read_text()
+
+    # spark-submit of the sweep as the docs say: delta-spark's jars with --packages (from
+    # Ivy's cache).
+    sweep_log = tmp_path / "sweep.log"
+    sweep_args = [
+        "--master",
+        cluster.url,
+        "--packages",
+        delta_spark_package(),
+        str(ROOT / "jobs" / "sweep.py"),
+        "--warehouse",
+        root,
+    ]
+    sweep = driver(sweep_args, env, sweep_log, submit=True)
+    assert sweep.wait(240) == 0, sweep_log.read_text()[-3000:]
+    assert "swept 1 channels" in sweep_log.read_text()
+    assert "Delta engine: delta-spark" in sweep_log.read_text()
+    # Each ran as an application of the cluster, with executors on its workers.
+    names = {app["name"] for app in cluster.applications()}
+    assert {"deltaq-fanout", "deltaq-sweep"} <= names, names
+    executor_logs = list(cluster.workdir.glob("worker-*/app-*/*/stderr"))
+    assert len(executor_logs) >= 3, executor_logs
 
 
 def _wait_for_rows(

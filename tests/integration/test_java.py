@@ -56,7 +56,7 @@ def test_a_spark_command_without_java_prints_one_line_and_exits_4(tmp_path: Path
     open_or_create(warehouse.registry_path, REGISTRY_SCHEMA)
     env = {**os.environ, "JAVA_HOME": str(_java_home(tmp_path, "11.0.2"))}
     done = subprocess.run(
-        [sys.executable, "-m", "deltaq", "sweep", "--once", "--warehouse", warehouse.root],
+        [sys.executable, "-m", "deltaq", "fanout", "--once", "--warehouse", warehouse.root],
         cwd=ROOT,
         env=env,
         capture_output=True,
