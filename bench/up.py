@@ -56,8 +56,9 @@ READER_CHANNEL = "ch"  # bench_reader's default channel
 CASES = ("writer", "ack", "pub", "delivered")
 
 
-def up_process(workdir: Path) -> subprocess.Popen[bytes] | None:
-    """``deltaq up`` on loopback ports in ``workdir``, once it says it is ready (the API, and
+def up_process(workdir: Path) -> tuple[subprocess.Popen[bytes], int, int] | None:
+    """``deltaq up`` on loopback ports in ``workdir``, with its HTTP and TCP ports, once it
+    says it is ready (the API, and
     the fanout and the sweep running)."""
     http_port, tcp_port = free_port(), free_port()
     log_path = workdir / "up.log"
@@ -85,8 +86,7 @@ def up_process(workdir: Path) -> subprocess.Popen[bytes] | None:
             stop(proc)
             return None
         time.sleep(0.2)
-    proc.ports = (http_port, tcp_port)  # type: ignore[attr-defined]
-    return proc
+    return proc, http_port, tcp_port
 
 
 def stop_up(proc: subprocess.Popen[bytes]) -> None:
@@ -303,12 +303,12 @@ def main() -> int:
                     stop(nsqd)
             else:
                 started = time.monotonic()
-                up = up_process(workdir)
-                if up is None:
+                started_up = up_process(workdir)
+                if started_up is None:
                     print("deltaq up did not get ready (its log's tail is above)")
                     return 1
                 print(f"deltaq up ready in {time.monotonic() - started:.1f} s", flush=True)
-                http_port, tcp_port = up.ports  # type: ignore[attr-defined]
+                up, http_port, tcp_port = started_up
                 try:
                     target = tcp.Target(name, tcp_port, http_port, up.pid)
                     results[name] = run_target(target, args, cases)

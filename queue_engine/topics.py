@@ -13,7 +13,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,9 +79,12 @@ class DrainPacer:
     WINDOW_S = 2.0
     WAITED_S = 5.0
 
-    def __init__(self, base_s: float, commits_per_s: int) -> None:
+    def __init__(
+        self, base_s: float, commits_per_s: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.base_s = base_s
         self.commits_per_s = max(1, commits_per_s)
+        self._clock = clock
         self._last: dict[str, float] = {}
         self._counted_at = 0.0
         self._active = 0
@@ -91,14 +94,14 @@ class DrainPacer:
 
     def waited(self, topic: str) -> bool:
         """Note that a consumer of ``topic`` waits; True if the topic was paced until now."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             before = self._waited.get(topic)
             self._waited[topic] = now
             return before is None or now - before > self.WAITED_S
 
     def linger(self, topic: str) -> float:
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             self._last[topic] = now
             if now - self._counted_at > 0.5:
@@ -289,8 +292,6 @@ class Topics:
         if tokens:
             self._acks.committed(tokens, error)
 
-    # -- the node journal -------------------------------------------------------------------
-
     def consumer_waiting(self, topic: str) -> None:
         """A consumer on this node waits for ``topic``'s messages: its commits go first (see
         DrainPacer), including one already waiting out a longer linger."""
@@ -298,6 +299,8 @@ class Topics:
             writer = self._writers.get(topic)
             if writer is not None:
                 writer.hurry()
+
+    # -- the node journal -------------------------------------------------------------------
 
     def _journaled(self, name: str, writer: TopicWriter) -> None:
         """Once the journal runs: the writer's commits record the journal's app transaction,

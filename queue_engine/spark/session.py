@@ -444,10 +444,6 @@ class LazySession:
             self._session = self._build()
         return self._session
 
-    @property
-    def started(self) -> bool:
-        return self._session is not None
-
     def stop(self) -> None:
         if self._session is not None:
             self._session.stop()

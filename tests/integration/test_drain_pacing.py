@@ -16,16 +16,21 @@ TOPICS = 8
 
 
 def test_the_pace_follows_the_busy_topics_and_a_waited_topic_is_not_paced() -> None:
-    pacer = DrainPacer(0.05, commits_per_s=100)
+    now = [100.0]
+    pacer = DrainPacer(0.05, commits_per_s=100, clock=lambda: now[0])
     assert pacer.linger("a") == 0.05
     for i in range(1000):
         pacer.linger(f"t{i}")
-    time.sleep(0.6)  # the busy topics are counted twice a second
+    now[0] += 0.6  # the busy topics are counted twice a second
     assert pacer.linger("t0") == 1001 / 100
     assert pacer.waited("t1") is True  # paced until now
     assert pacer.waited("t1") is False  # already waited on
     assert pacer.linger("t1") == 0.05
     assert pacer.linger("t2") == 1001 / 100
+    # Once no consumer has waited for WAITED_S, the topic is paced again.
+    now[0] += DrainPacer.WAITED_S + 0.1
+    assert pacer.linger("t1") > 0.05
+    assert pacer.waited("t1") is True
 
 
 def _commit_times(topic_log: Path) -> list[float]:

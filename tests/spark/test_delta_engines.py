@@ -190,29 +190,49 @@ def test_a_users_delta_stream_of_a_topic_keeps_running_across_retention(
         stream("strict")
 
 
-class Publisher(threading.Thread):
-    """Publishes msg-NNNNN to topic t, one at a time, until stopped: deltaq's appends going on
-    while another engine works on the table. ``acknowledged``: the bodies answered OK."""
+class ClientLoop(threading.Thread):
+    """Calls ``step`` with one HTTP client until stopped; the first error ends it, kept in
+    ``error`` for the test's thread to raise."""
 
-    def __init__(self, url: str) -> None:
-        super().__init__(name="publisher", daemon=True)
-        self.url, self.next = url, 0
-        self.acknowledged: list[bytes] = []
+    def __init__(self, name: str, url: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.url = url
         self.stop = threading.Event()
         self.error: BaseException | None = None
+
+    def step(self, c: httpx.Client) -> None:
+        raise NotImplementedError
 
     def run(self) -> None:
         try:
             with httpx.Client(base_url=self.url, timeout=30) as c:
                 while not self.stop.is_set():
-                    body = f"msg-{self.next:05d}".encode()
-                    r = c.post("/pub", params={"topic": "t"}, content=body)
-                    assert r.text == "OK", r.text
-                    self.acknowledged.append(body)
-                    self.next += 1
-                    self.stop.wait(0.1)  # ~10 a second
+                    self.step(c)
         except BaseException as exc:
             self.error = exc
+
+    def end(self) -> None:
+        self.stop.set()
+        self.join(30)
+        assert self.error is None, self.error
+
+
+class Publisher(ClientLoop):
+    """Publishes msg-NNNNN to topic t, one at a time, until stopped: deltaq's appends going on
+    while another engine works on the table. ``acknowledged``: the bodies answered OK."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__("publisher", url)
+        self.next = 0
+        self.acknowledged: list[bytes] = []
+
+    def step(self, c: httpx.Client) -> None:
+        body = f"msg-{self.next:05d}".encode()
+        r = c.post("/pub", params={"topic": "t"}, content=body)
+        assert r.text == "OK", r.text
+        self.acknowledged.append(body)
+        self.next += 1
+        self.stop.wait(0.1)  # ~10 a second
 
     def during(self, action: Callable[[], object]) -> None:
         """``action``, with publishes acknowledged while it ran."""
@@ -221,34 +241,24 @@ class Publisher(threading.Thread):
         assert len(self.acknowledged) > before, "no publish went on during the operation"
 
     def finish(self) -> list[bytes]:
-        self.stop.set()
-        self.join(30)
-        assert self.error is None, self.error
+        self.end()
         return self.acknowledged
 
 
-class Consumer(threading.Thread):
+class Consumer(ClientLoop):
     """SUBs channel t/c and FINs what it gets until stopped; ``bodies``: every delivery."""
 
     def __init__(self, url: str) -> None:
-        super().__init__(name="consumer", daemon=True)
-        self.url = url
+        super().__init__("consumer", url)
         self.bodies: list[bytes] = []
         self.ids: list[str] = []
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
 
-    def run(self) -> None:
-        try:
-            with httpx.Client(base_url=self.url, timeout=30) as c:
-                while not self.stop.is_set():
-                    got = sub(c, "t", "c", max=20, wait_ms=500)
-                    if got:
-                        assert answer(c, "fin", "t", "c", *got).status_code == 200
-                        self.ids += [m["id"] for m in got]
-                        self.bodies += [body(m) for m in got]
-        except BaseException as exc:
-            self.error = exc
+    def step(self, c: httpx.Client) -> None:
+        got = sub(c, "t", "c", max=20, wait_ms=500)
+        if got:
+            assert answer(c, "fin", "t", "c", *got).status_code == 200
+            self.ids += [m["id"] for m in got]
+            self.bodies += [body(m) for m in got]
 
     def finish(self, expect: int) -> None:
         """Once ``expect`` deliveries came and then 1.5 s with nothing (room for a duplicate
@@ -257,9 +267,7 @@ class Consumer(threading.Thread):
         while len(self.bodies) < expect and time.monotonic() < deadline and self.is_alive():
             time.sleep(0.1)
         time.sleep(1.5)
-        self.stop.set()
-        self.join(30)
-        assert self.error is None, self.error
+        self.end()
 
 
 def data_files(table: str) -> tuple[set[Path], set[Path]]:
