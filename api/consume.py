@@ -93,7 +93,14 @@ async def subscribe(broker: Broker, params: Mapping[str, str], peer: str) -> byt
         MIN_MSG_TIMEOUT_MS,
         settings.max_msg_timeout_ms,
     )
-    name = params.get("consumer") or peer
+    given = params.get("consumer")
+    if given == "":
+        raise QueueError(
+            ErrorCode.E_INVALID,
+            "empty: leave consumer out to be known by your address",
+            param="consumer",
+        )
+    name = given or peer
     if len(name) > MAX_CONSUMER_CHARS:
         raise QueueError(
             ErrorCode.E_INVALID, f"longer than {MAX_CONSUMER_CHARS} characters", param="consumer"

@@ -35,6 +35,7 @@ from tests.consumers import answer, body, channel_stats, create_channel, sub
             "msg_timeout_ms",
         ),
         ({"topic": "t", "channel": "c", "consumer": "x" * 129}, "E_INVALID", "consumer"),
+        ({"topic": "t", "channel": "c", "consumer": ""}, "E_INVALID", "consumer"),
     ],
 )
 def test_bad_sub_parameters(
@@ -48,7 +49,7 @@ def test_bad_sub_parameters(
         assert answer == {"message": code}
         return
     assert (answer["message"], answer["param"]) == (code, param)
-    expected = "128 characters" if param == "consumer" else params[param]
+    expected = {"": "empty", "x" * 129: "128 characters"}.get(params[param], params[param])
     assert expected in answer["reason"], answer
 
 

@@ -85,6 +85,25 @@ def test_group_commit_batches_and_keeps_everything(tmp_path: Path, fast: bool) -
     assert by_body[b"m0-a"] < by_body[b"m0-b"] < by_body[b"m199-a"]
 
 
+def test_stats_count_every_message_while_it_moves_from_the_queue_to_the_table(
+    tmp_path: Path,
+) -> None:
+    """Topic depth is committed + queued messages: a message leaving the queue for its commit
+    must be counted on one side or the other at every moment."""
+    results = Results()
+    writer = TopicWriter(str(tmp_path / "t"), results, commit_max_bytes=64)
+    total = 40
+    for i in range(total):
+        writer.submit_publish([f"m{i:04}".encode() * 8], now_us(), None, i)
+    seen: list[int] = []
+    while len(results.done) < total:
+        stats = writer.stats()
+        seen.append(stats.message_count + stats.queued)
+    writer.close()
+    assert writer.stats().message_count == total
+    assert len(seen) > 100 and set(seen) == {total}, sorted(set(seen))[:5]
+
+
 def test_deliver_at_and_mixed_batches(tmp_path: Path) -> None:
     results = Results()
     path = str(tmp_path / "t")

@@ -242,16 +242,16 @@ class TopicWriter(GroupCommitter[_Publish]):
         if positions and self.journal_app_id is not None:
             txn = Transaction(self.journal_app_id, max(positions))
         version = self._append(_to_arrow(batch, first, count), txn)
-        with self._cond:
-            self._queued -= count
-        self._committed(version, count, sum(p.nbytes for p in batch))
+        # Leaving the queue and joining the count in one step: stats never miss them between.
+        self._committed(version, count, sum(p.nbytes for p in batch), was_queued=count)
 
     def _dropped(self, items: list[_Publish]) -> None:
         with self._cond:
             self._queued -= sum(len(p.bodies) for p in items)
 
-    def _committed(self, version: int, count: int, nbytes: int) -> None:
+    def _committed(self, version: int, count: int, nbytes: int, *, was_queued: int = 0) -> None:
         with self._cond:
+            self._queued -= was_queued
             self._version = max(self._version, version)
             self._message_count += count
             self._marks.append((version, self._message_count))
