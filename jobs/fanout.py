@@ -27,6 +27,7 @@ from queue_engine.settings import Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
 
 HELP = "run the fanout stream (topics -> channel tables, exactly once)"
 log = logging.getLogger("deltaq.fanout")
@@ -122,26 +123,26 @@ class _Follow:
     def __init__(self) -> None:
         self.progress = Progress()
         self.started = time.monotonic()
+        self.batches = 0
         self.rows = 0
-        self.seen: set[int] = set()
 
-    def _count(self, query: object) -> None:
-        for p in query.recentProgress:  # type: ignore[attr-defined]
-            if p["batchId"] not in self.seen:
-                self.seen.add(p["batchId"])
-                self.rows += int(p["numInputRows"])
+    def _count(self, query: StreamingQuery) -> None:
+        from queue_engine.spark.fanout_stream import moved_by
 
-    def update(self, query: object) -> None:
+        moved = moved_by(query)
+        self.batches, self.rows = moved.batches, moved.rows
+
+    def update(self, query: StreamingQuery) -> None:
         self._count(query)
         self.progress(
-            f"fanout: {len(self.seen)} batches, {self.rows:,} messages, "
+            f"fanout: {self.batches} batches, {self.rows:,} messages, "
             f"{time.monotonic() - self.started:.0f} s"
         )
 
-    def done(self, query: object) -> None:
+    def done(self, query: StreamingQuery) -> None:
         self._count(query)
         self.progress.done(
-            f"fanout: done, {len(self.seen)} batches, {self.rows:,} messages in "
+            f"fanout: done, {self.batches} batches, {self.rows:,} messages in "
             f"{time.monotonic() - self.started:.1f} s"
         )
 

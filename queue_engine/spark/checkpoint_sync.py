@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import uuid
+from typing import Any
 
 from queue_engine.store.storage import sync_directory, sync_file
 
@@ -64,6 +65,22 @@ def sync_batch(location: str, batch_id: int) -> None:
                 continue
         sync_directory(root)
         sync_directory(os.path.dirname(os.path.abspath(root)))
+
+
+def logged_offsets(root: str, batch_id: int) -> dict[str, Any]:
+    """The end offset of a single-source query's batch ``batch_id`` as its offset log holds
+    it (``{}``: before the first batch), read from the local checkpoint ``root``."""
+    if batch_id < 0:
+        return {}
+    with open(os.path.join(root, "offsets", str(batch_id)), "rb") as f:
+        lines = [line for line in f.read().split(b"\n") if line.strip()]
+    # "v1", the batch's metadata, then one line per source: this query has one.
+    if len(lines) != 3:
+        raise ValueError(f"offsets/{batch_id} of {root}: {len(lines)} lines, not 3")
+    if lines[2].strip() == b"-":
+        return {}
+    offset: dict[str, Any] = json.loads(lines[2])
+    return offset
 
 
 def repair_checkpoint(location: str) -> list[str]:

@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -36,7 +37,12 @@ from queue_engine.fanout import (
 )
 from queue_engine.registry import ChannelInfo, Registry
 from queue_engine.spark.checkpoint_mirror import CheckpointMirror
-from queue_engine.spark.checkpoint_sync import repair_checkpoint, sync_batch
+from queue_engine.spark.checkpoint_sync import (
+    local_checkpoint,
+    logged_offsets,
+    repair_checkpoint,
+    sync_batch,
+)
 from queue_engine.spark.session import (
     CheckpointLocationError,
     Engine,
@@ -44,6 +50,7 @@ from queue_engine.spark.session import (
     checkpoint_location,
     engine,
 )
+from queue_engine.spark.source import TopicsBatchReader
 from queue_engine.spark.trigger_log import TriggerLog
 from queue_engine.store.delta import (
     IdempotentAppender,
@@ -140,18 +147,19 @@ class ChannelSinks:
 
 
 def fanout_batch(
-    df: DataFrame,
+    read: Callable[[], pa.Table],
     batch_id: int,
     registry_reader: RegistryReader,
     sinks: ChannelSinks,
     notices: NoticeWriter | None = None,
     before_writes: Callable[[], object] | None = None,
 ) -> int:
-    """Write one micro-batch into the channel tables; return the number of rows written.
-    ``notices``: where to tell the API nodes which channels got rows; ``before_writes``: what
-    must be done before the first channel commit (waited for after the batch is read)."""
+    """Write one micro-batch, the rows ``read`` returns, into the channel tables; return the
+    number of topic rows it held. ``notices``: where to tell the API nodes which channels got rows;
+    ``before_writes``: what must be done before the first channel commit (waited for after
+    the batch is read)."""
     started = time.perf_counter()
-    rows = df.toArrow()
+    rows = read()
     read_s = time.perf_counter() - started
     if before_writes is not None:
         before_writes()
@@ -175,7 +183,7 @@ def fanout_batch(
         read_s * 1000,
         (time.perf_counter() - started - read_s) * 1000,
     )
-    return written
+    return int(rows.num_rows)
 
 
 def fanout_batch_by_spark(
@@ -190,7 +198,7 @@ def fanout_batch_by_spark(
     versions: dict[tuple[str, int], int] | None = None,
 ) -> int:
     """Write one micro-batch into the channel tables with Spark's writer; return the number of
-    channel tables written. ``created``: the (table, channel creation) pairs known to exist,
+    topic rows it held. ``created``: the (table, channel creation) pairs known to exist,
     kept across batches (opening a table to check replays its log); ``versions``: their newest
     versions known, kept the same way (the commits a write added are synced from there)."""
     versions = {} if versions is None else versions
@@ -202,10 +210,11 @@ def fanout_batch_by_spark(
     df.persist()
     try:
         # The batch's topics and newest version each: which channels get rows at all.
-        newest = {
-            row["topic"]: row["newest"]
-            for row in df.groupBy("topic").agg(F.max("topic_version").alias("newest")).collect()
-        }
+        counted = df.groupBy("topic").agg(
+            F.max("topic_version").alias("newest"), F.count(F.lit(1)).alias("rows")
+        )
+        by_topic = counted.collect()
+        newest = {row["topic"]: row["newest"] for row in by_topic}
         written = 0
         wrote: list[tuple[str, str]] = []
         for topic in sorted(newest):
@@ -250,7 +259,7 @@ def fanout_batch_by_spark(
         channel_format,
         (time.perf_counter() - started) * 1000,
     )
-    return written
+    return sum(int(row["rows"]) for row in by_topic)
 
 
 def channel_format_for(spark: SparkSession, channel_writes: str = "auto") -> str | None:
@@ -300,12 +309,6 @@ def refuse_foreign_history(warehouse: Warehouse, registry: Registry, location: s
                 )
 
 
-def _prefetch(spark: SparkSession, prefetch: bool | None) -> bool:
-    if prefetch is not None:
-        return prefetch
-    return (spark.sparkContext.master or "local").startswith("local")
-
-
 # Sessions with a TriggerLog already (one session may run several fanouts in turn).
 _logged_sessions: set[int] = set()
 
@@ -318,31 +321,32 @@ def start_fanout(
     checkpoint: str | None = None,
     max_files_per_trigger: int = MAX_FILES_PER_TRIGGER,
     channel_format: str | None = None,
-    prefetch: bool | None = None,
 ) -> StreamingQuery:
     """Start the query; with ``once`` it processes what is available now and stops.
 
-    ``prefetch`` (None: on for a local master only) reads small micro-batches in the driver's
-    Python process, which saves a Python task per batch on one machine; on a cluster every
-    batch is read by tasks on the executors.
-
-    ``channel_format`` None writes channel rows from the driver through delta-rs; a format
-    name ("delta", "deltaq") writes them with Spark's writer of that format.
+    ``channel_format`` None writes channel rows from the driver through delta-rs, and where the
+    checkpoint is on the driver's disk the driver reads each micro-batch's rows itself; a
+    format name ("delta", "deltaq") writes them with Spark's writer of that format, and tasks
+    on the executors read the rows.
     """
+    location, mirror = _checkpoint(spark, checkpoint or f"{warehouse.checkpoints_root}/fanout")
+    # Where the driver writes the channel rows and the checkpoint is on its disk, it reads each
+    # micro-batch's rows itself, from the offsets Spark logged for it: Spark plans the batches
+    # and keeps the checkpoint, and no batch's rows go through the JVM.
+    local_root = local_checkpoint(location) if channel_format is None else None
     source = (
         spark.readStream.format("deltaq")
         .option("warehouse", warehouse.root)
         .option("kind", "topics")
         .option("maxFilesPerTrigger", str(max_files_per_trigger))
-        .option("prefetch", str(_prefetch(spark, prefetch)).lower())
         .load()
     )
 
     registry_reader = RegistryReader(warehouse.registry_path)
     log.info(
         "fanout: topic rows read %s",
-        "by the driver for small batches (prefetch), else by tasks"
-        if _prefetch(spark, prefetch)
+        "by the driver, from the offsets Spark logged"
+        if local_root is not None
         else "by tasks on the executors",
     )
     log.info(
@@ -351,13 +355,22 @@ def start_fanout(
         if channel_format is None
         else f"by Spark's writer, format({channel_format})",
     )
-    location, mirror = _checkpoint(spark, checkpoint or f"{warehouse.checkpoints_root}/fanout")
     notices = NoticeWriter(warehouse.root, "fanout")
+    moved = Moved()
     if channel_format is None:
         sinks = ChannelSinks(warehouse)
+        batches = TopicsBatchReader(warehouse.root)
 
         def write(df: DataFrame, batch_id: int, ready: Callable[[], object] | None) -> None:
-            fanout_batch(df, batch_id, registry_reader, sinks, notices, ready)
+            def read() -> pa.Table:
+                if local_root is None:
+                    return df.toArrow()
+                return batches.rows(
+                    logged_offsets(local_root, batch_id - 1), logged_offsets(local_root, batch_id)
+                )
+
+            moved.rows += fanout_batch(read, batch_id, registry_reader, sinks, notices, ready)
+            moved.batches += 1
 
     else:
         format_name = channel_format
@@ -365,7 +378,7 @@ def start_fanout(
         versions: dict[tuple[str, int], int] = {}
 
         def write(df: DataFrame, batch_id: int, ready: Callable[[], object] | None) -> None:
-            fanout_batch_by_spark(
+            moved.rows += fanout_batch_by_spark(
                 df,
                 batch_id,
                 registry_reader,
@@ -376,6 +389,7 @@ def start_fanout(
                 ready,
                 versions=versions,
             )
+            moved.batches += 1
 
     pushing = ThreadPoolExecutor(1, thread_name_prefix="deltaq-checkpoint-push")
 
@@ -410,7 +424,25 @@ def start_fanout(
         raise
     if mirror is not None:
         _mirrors[str(query.id)] = mirror
+    _moved[str(query.id)] = moved
     return query
+
+
+@dataclass
+class Moved:
+    """What a fanout query's micro-batches moved: batches, and the topic rows they held."""
+
+    batches: int = 0
+    rows: int = 0
+
+
+# What each query started here moved, by its id.
+_moved: dict[str, Moved] = {}
+
+
+def moved_by(query: StreamingQuery) -> Moved:
+    """What ``query`` (started by ``start_fanout``) has written so far."""
+    return _moved.get(str(query.id), Moved())
 
 
 # Checkpoints mirrored to a store, by the id of the query running on them.

@@ -45,7 +45,6 @@ from pyspark.sql.datasource import (
     DataSourceStreamWriter,
     DataSourceWriter,
     InputPartition,
-    SimpleDataSourceStreamReader,
     WriterCommitMessage,
 )
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -66,7 +65,6 @@ from queue_engine.spark.channel_tables import (
     TopicCountsReader,
     channels_schema,
 )
-from queue_engine.spark.prefetch import PREFETCH_SUPPORTED, SimpleInputPartition, SimpleWrapper
 from queue_engine.store.delta import (
     AddedFilesCache,
     RefusedCommit,
@@ -110,10 +108,8 @@ DEFAULT_MAX_FILES_PER_TRIGGER = MAX_FILES_PER_TRIGGER
 # The rows of a micro-batch are collected on the driver by the fanout: cap them so a backlog
 # is moved in bounded steps (200k rows of 200 bytes ~ 40 MB) instead of one OOM-sized batch.
 DEFAULT_MAX_ROWS_PER_TRIGGER = 200_000
-# Micro-batches up to this many rows are read in the driver-side Python process and shipped
-# with the plan (no Python task: low latency); larger ones are read by at least
-# DEFAULT_MIN_PARTITIONS tasks in parallel (throughput).
-DEFAULT_PREFETCH_MAX_ROWS = 20_000
+# A micro-batch read by tasks is split over at least this many (a backlog is read on every
+# core).
 DEFAULT_MIN_PARTITIONS = 2
 
 TOPICS_STREAM_SCHEMA = pa.schema(
@@ -179,28 +175,12 @@ class DeltaqDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         if self._topics_stream():
             max_rows = int(self.options.get("maxRowsPerTrigger", DEFAULT_MAX_ROWS_PER_TRIGGER))
-            offsets = TopicsStreamReader(
+            return TopicsStreamReader(
                 self.options["warehouse"],
                 self._files_per_partition(),
                 self._max_files(),
                 max_rows,
                 min_partitions=int(self.options.get("minPartitions", DEFAULT_MIN_PARTITIONS)),
-            )
-            # "prefetch" false: every micro-batch is read by tasks on the executors (the
-            # cluster path); true: small ones are read in the driver's Python process.
-            if str(self.options.get("prefetch", "true")).lower() == "false":
-                return offsets
-            if not PREFETCH_SUPPORTED:
-                log.warning(
-                    "this PySpark has no prefetching stream reader: reading every "
-                    "micro-batch in Python tasks"
-                )
-                return offsets
-            return TopicsHybridReader(
-                offsets,
-                prefetch_max_rows=int(
-                    self.options.get("prefetchMaxRows", DEFAULT_PREFETCH_MAX_ROWS)
-                ),
             )
         return TableStreamReader(
             self.options["path"], self._files_per_partition(), self._max_files()
@@ -432,8 +412,6 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._known: dict[str, int] = {}
         # The next budgeted trigger hands out files from the topic after this one ("": first).
         self._budget_after = ""
-        # Rows of the batch the last latestOffset sized under a file budget (None: no budget).
-        self.last_rows: int | None = None
         self._log = AddedFilesCache()
         self._notices = NoticeReader(warehouse, writers=())
         self._writers_listed = -math.inf
@@ -502,9 +480,6 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end[name] = [seq, max(latest, begin_version)]
         if budget is not None:
             self._budget_after = reached if cut_short else ""
-        # Counted while sizing the batch (from the commits' statistics): the hybrid reader
-        # decides on it whether to prefetch.
-        self.last_rows = None if budget is None else self.max_rows - rows_left
         return end
 
     def _before_refusal(self, name: str, path: str, begin: int, latest: int) -> int:
@@ -590,72 +565,21 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._log.forget_all_but(paths)
 
 
-class TopicsPrefetchingReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
-    """The simple-reader side of TopicsHybridReader: what Spark asks the wrapped simple reader
-    for (initial offset, Trigger.AvailableNow) and the rows between two offsets. Sizing a
-    batch (``read``) and committing are the hybrid's own ``latestOffset`` and ``commit``.
+class TopicsBatchReader:
+    """The rows of one topics-stream micro-batch, read by the process that asks, from the
+    offsets Spark logged for it: what the fanout's driver reads instead of collecting the
+    batch's DataFrame (that round trip through the JVM cost 0.3-2.5 s a micro-batch on two
+    cores). The same offsets give the same files, as they do for Spark's own read."""
 
-    Why prefetching: Spark sends rows a simple reader produced in its long-lived driver-side
-    Python process to the JVM with the batch's plan, so the micro-batch runs without a Python
-    task (measured: a Python read task cost ~100 ms of each micro-batch, most of the fanout's
-    latency at low rates).
-    """
+    def __init__(self, warehouse: str) -> None:
+        self.offsets = TopicsStreamReader(warehouse, DEFAULT_FILES_PER_PARTITION, 0, 0)
 
-    def __init__(self, offsets: TopicsStreamReader) -> None:
-        self.offsets = offsets
-
-    def initialOffset(self) -> dict[str, list[int]]:
-        return self.offsets.initialOffset()
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        self.offsets.prepareForTriggerAvailableNow()
-
-    def readBetweenOffsets(
-        self, start: dict[str, list[int]], end: dict[str, list[int]]
-    ) -> Iterator[Any]:
-        yield from _read_files(self.offsets.planned(start, end), TOPICS_STREAM_SCHEMA, True)
-
-
-class TopicsHybridReader(SimpleWrapper):
-    """The topics stream's reader: small micro-batches prefetched (TopicsPrefetchingReader),
-    large ones read by parallel tasks.
-
-    Spark treats a reader of this class (pyspark's wrapper of simple readers, a private API of
-    PySpark: see queue_engine/spark/prefetch.py) specially: the rows it caches in
-    ``latestOffset`` are sent to the JVM with the plan, and when it has none cached for a batch
-    (a large batch, or one replayed after a restart) Spark runs ``read`` on the
-    ``partitions`` in Python tasks.
-    """
-
-    def __init__(self, offsets: TopicsStreamReader, prefetch_max_rows: int) -> None:
-        super().__init__(TopicsPrefetchingReader(offsets))
-        self.offsets = offsets
-        self.prefetch_max_rows = prefetch_max_rows
-
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        end = self.offsets.latestOffset(start, ReadMaxFiles(self.offsets.max_files))
-        rows = self.offsets.last_rows
-        if end != start and rows is not None and rows <= self.prefetch_max_rows:
-            # A list iterator: Spark copies it (copy.copy) to send the prefetched rows.
-            prefetched = iter(list(self.simple_reader.readBetweenOffsets(start, end)))
-            self.add_result_to_cache(start, end, prefetched)
-        return end
-
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        if any(e.start == start and e.end == end for e in self.cache):
-            return [SimpleInputPartition(start, end)]
-        return self.offsets.partitions(start, end)
-
-    def read(self, partition: InputPartition) -> Iterator[Any]:
-        if isinstance(partition, SimpleInputPartition):
-            return self.simple_reader.readBetweenOffsets(partition.start, partition.end)
-        return self.offsets.read(partition)
-
-    def commit(self, end: dict[str, Any]) -> None:
-        # Spark commits batch N after planning batch N + 1: keep the batch that starts here.
-        following = next((i for i, e in enumerate(self.cache) if e.start == end), None)
-        self.cache = [] if following is None else self.cache[following:]
+    def rows(self, start: dict[str, list[int]], end: dict[str, list[int]]) -> pa.Table:
+        """Rows of (start, end], as Spark's read of the stream would give them."""
+        batches = list(_read_files(self.offsets.planned(start, end), TOPICS_STREAM_SCHEMA, True))
+        # Read once: the commit log of those versions is not needed again.
         self.offsets.commit(end)
+        return pa.Table.from_batches(batches, schema=TOPICS_STREAM_SCHEMA)
 
 
 # -- writing -------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""One log line per fanout trigger that moved rows: its whole duration and where it went.
+"""One log line per fanout trigger that ran a micro-batch: its whole duration and where it went.
 
 A batch's own line (``fanout batch N``) times its read and write only; a message also waits
 for the trigger's planning (probing the topics for new versions) and Spark's offset and commit
@@ -39,9 +39,11 @@ class _ProgressAsJson:
 
     def onQueryProgress(self, jevent: Any) -> None:
         progress = json.loads(jevent.progress().json())
-        if progress.get("name") != self.query_name or not progress.get("numInputRows"):
-            return
         durations = progress.get("durationMs", {})
+        # A trigger that ran a batch times its addBatch (numInputRows stays 0 where the
+        # fanout's driver reads the batch's rows itself).
+        if progress.get("name") != self.query_name or "addBatch" not in durations:
+            return
         log.info(
             "fanout trigger %d: %d ms (latestOffset %d, addBatch %d, walCommit %d, "
             "commitOffsets %d)",

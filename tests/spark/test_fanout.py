@@ -21,7 +21,9 @@ from pyspark.sql import functions as F
 
 from queue_engine.spark.fanout_stream import (
     ForeignCheckpointError,
+    Moved,
     fanout_batch_by_spark,
+    moved_by,
     start_fanout,
 )
 from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, RegistryReader, Warehouse
@@ -35,10 +37,11 @@ def channel_bodies(warehouse: Path, topic: str, channel: str) -> list[bytes]:
     return sorted(DeltaTable(str(path)).to_pyarrow_table()["body"].to_pylist())
 
 
-def run_once(spark: SparkSession, warehouse: Path, channel_format: str | None = None) -> None:
+def run_once(spark: SparkSession, warehouse: Path, channel_format: str | None = None) -> Moved:
     query = start_fanout(spark, Warehouse(str(warehouse)), once=True, channel_format=channel_format)
     query.awaitTermination(300)
     assert query.exception() is None
+    return moved_by(query)
 
 
 # None: rows collected on the driver and appended through delta-rs (the default here);
@@ -85,8 +88,11 @@ def test_fanout_rules(
     # Topic n: no channel at all yet.
     pub("n", "n0")
 
-    run_once(spark, wh, channel_format)
+    moved = run_once(spark, wh, channel_format)
     assert channel_bodies(wh, "a", "c1") == [b"a0", b"a1", b"a1b", b"a2"]
+    # The one-shot run's progress counts the rows it read: a's four and e's after the empty
+    # at least (e's emptied row is read too, and routed nowhere).
+    assert moved.batches >= 1 and moved.rows >= 5, moved
     # Each trigger that moved rows is logged whole, from Spark's progress event (which
     # reaches the listener shortly after the query ends).
     trigger = re.compile(r"fanout trigger \d+: \d+ ms \(latestOffset \d+, addBatch \d+, ")
@@ -146,9 +152,10 @@ def test_spark_writer_skips_a_replayed_batch(
     batch = rows_of("t").union(rows_of("u"))
     reader = RegistryReader(warehouse.registry_path)
     created: set[tuple[str, int]] = set()
-    assert fanout_batch_by_spark(batch, 5, reader, warehouse, "deltaq", created) == 3
+    # It answers with the batch's topic rows: three of t, one of u.
+    assert fanout_batch_by_spark(batch, 5, reader, warehouse, "deltaq", created) == 4
     # Spark replays batch 5 after a crash: every channel already recorded it.
-    assert fanout_batch_by_spark(batch, 5, reader, warehouse, "deltaq", created) == 3
+    assert fanout_batch_by_spark(batch, 5, reader, warehouse, "deltaq", created) == 4
     assert channel_bodies(wh, "t", "x") == channel_bodies(wh, "t", "y") == [b"m0", b"m1", b"m2"]
     assert channel_bodies(wh, "u", "z") == [b"u0"]
     assert (

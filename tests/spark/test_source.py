@@ -267,13 +267,14 @@ def test_delta_rs_and_fast_path_tables_read_alike(spark: SparkSession, tmp_path:
     assert spark.read.format("deltaq").load(str(path)).count() == 8
 
 
-def test_topics_reader_prefetches_small_batches_and_splits_large_ones(tmp_path: Path) -> None:
-    """The calls Spark makes, in its order (batch N + 1 is planned before N is committed)."""
-    from pyspark.sql.datasource_internal import SimpleInputPartition
+def test_the_driver_reads_a_batch_from_its_offsets_as_the_stream_tasks_do(tmp_path: Path) -> None:
+    """The fanout's driver reads a micro-batch from the offsets Spark logged; the rows are the
+    ones Spark's tasks would read for the same offsets, in the same order, and a later batch
+    starts where the earlier one ended."""
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
     from queue_engine.registry import Action, RegistryEvent
-    from queue_engine.spark.source import TopicsHybridReader, TopicsStreamReader
+    from queue_engine.spark.source import TopicsBatchReader, TopicsStreamReader
     from queue_engine.store.tables import RegistryStore, Warehouse
 
     wh = Warehouse(str(tmp_path / "wh"))
@@ -281,32 +282,27 @@ def test_topics_reader_prefetches_small_batches_and_splits_large_ones(tmp_path: 
     registry.append(RegistryEvent(1, 0, Action.TOPIC_CREATE, "t"))
     registry.append(RegistryEvent(2, 0, Action.CHANNEL_CREATE, "t", "c", topic_version=-1))
     topic = make_topic(Path(wh.topic_path("t")), commits=4, per_commit=3)  # 12 rows
-    reader = TopicsHybridReader(
-        TopicsStreamReader(wh.root, 256, 200, 200_000, min_partitions=2), prefetch_max_rows=5
-    )
+    stream = TopicsStreamReader(wh.root, 256, 200, 200_000, min_partitions=2)
+    driver = TopicsBatchReader(wh.root)
 
-    def rows(partitions: list[object]) -> list[str]:
-        out: list[str] = []
-        for p in partitions:
-            for b in reader.read(p):  # type: ignore[arg-type]
-                out += pa.Table.from_batches([b])["id"].to_pylist()
-        return out
+    def by_tasks(start: dict[str, list[int]], end: dict[str, list[int]]) -> pa.Table:
+        batches = [b for p in stream.partitions(start, end) for b in stream.read(p)]
+        return pa.Table.from_batches(batches)
 
-    start = reader.initialOffset()
-    big_end = reader.latestOffset(start, ReadAllAvailable())  # 12 rows > 5: not prefetched
-    big = list(reader.partitions(start, big_end))
-    assert len(big) == 2 and not any(isinstance(p, SimpleInputPartition) for p in big)
-    assert len(rows(big)) == 12
+    start = stream.initialOffset()
+    first = stream.latestOffset(start, ReadAllAvailable())
+    rows = driver.rows(start, first)
+    assert rows.num_rows == 12
+    assert rows.equals(by_tasks(start, first))
+    assert set(rows["topic"].to_pylist()) == {"t"}
 
     topic.append(batch(3, 100))
-    small_end = reader.latestOffset(big_end, ReadAllAvailable())  # 3 rows: prefetched
-    reader.commit(big_end)  # Spark commits N after planning N + 1
-    small = list(reader.partitions(big_end, small_end))
-    assert len(small) == 1 and isinstance(small[0], SimpleInputPartition)
-    assert reader.getCache(big_end, small_end) is not None
-    assert rows(small) == batch(3, 100)["id"].to_pylist()
-    reader.commit(small_end)
-    assert reader.cache == []
+    second = stream.latestOffset(first, ReadAllAvailable())
+    later = driver.rows(first, second)
+    assert later["id"].to_pylist() == batch(3, 100)["id"].to_pylist()
+    assert later.equals(by_tasks(first, second))
+    # An empty batch (a replay of nothing new) reads nothing.
+    assert driver.rows(second, second).num_rows == 0
 
 
 def test_over_many_topics_a_trigger_probes_the_noticed_ones_and_a_slice_of_the_rest(
