@@ -106,28 +106,43 @@ def _run(
 ) -> int:
     from jobs.sweep import run_every
     from queue_engine.ports import check_ports, spark_connect_listener
+    from queue_engine.spark.fanout_loop import FanoutLoop, loop_keeps
     from queue_engine.spark.fanout_stream import channel_format_for, finish_fanout, start_fanout
-    from queue_engine.spark.session import build_session, quiet_stream_stop
+    from queue_engine.spark.session import build_session, quiet_stream_stop, runs_locally
     from queue_engine.store.tables import Warehouse
 
-    # Spark would print a Java stack trace for a busy port: one line instead.
-    check_ports(spark_connect_listener(settings))
-    spark = build_session(
-        args.master,
-        "deltaq-jobs",
-        connect_port=settings.spark_connect_port or None,
-        # Spark's banners, log4j warnings and Spark Connect's errors about deltaq sql's
-        # sessions go to a file, not to deltaq up's terminal (--verbose shows them).
-        quiet=not args.verbose,
-        packages=settings.spark_packages,
-    )
-    query = start_fanout(
-        spark,
-        Warehouse(settings.warehouse),
-        once=False,
-        checkpoint=settings.fanout_checkpoint or None,
-        channel_format=channel_format_for(spark),
-    )
+    warehouse = Warehouse(settings.warehouse)
+    checkpoint = settings.fanout_checkpoint or None
+    # On one machine the fanout runs in this process without Spark (queue_engine.spark.
+    # fanout_loop), from before Spark starts; on a cluster master it is Spark's query.
+    loop = None
+    if runs_locally(args.master) and not settings.fanout_in_spark and loop_keeps(checkpoint):
+        loop = FanoutLoop(warehouse, once=False, checkpoint=checkpoint).start()
+    try:
+        # Spark would print a Java stack trace for a busy port: one line instead.
+        check_ports(spark_connect_listener(settings))
+        spark = build_session(
+            args.master,
+            "deltaq-jobs",
+            connect_port=settings.spark_connect_port or None,
+            # Spark's banners, log4j warnings and Spark Connect's errors about deltaq sql's
+            # sessions go to a file, not to deltaq up's terminal (--verbose shows them).
+            quiet=not args.verbose,
+            packages=settings.spark_packages,
+        )
+    except BaseException:
+        if loop is not None:
+            loop.stop()
+        raise
+    query: Any = loop
+    if loop is None:
+        query = start_fanout(
+            spark,
+            warehouse,
+            once=False,
+            checkpoint=checkpoint,
+            channel_format=channel_format_for(spark),
+        )
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
@@ -141,7 +156,8 @@ def _run(
     )
     sweeper.start()
     log.info(
-        "fanout stream and sweep (every %.1f s) on Spark %s, warehouse %s%s",
+        "fanout %s and sweep (every %.1f s) on Spark %s, warehouse %s%s",
+        "in this process" if loop is not None else "stream",
         every,
         spark.sparkContext.master,
         settings.warehouse,
@@ -170,9 +186,11 @@ def _run(
         # retry its exit-time cleanup against the stopped server for two minutes.
         with contextlib.suppress(Exception):
             client.stop()
-    quiet_stream_stop(spark)
+    if loop is None:
+        quiet_stream_stop(spark)
     query.stop()
-    finish_fanout(query)
+    if loop is None:
+        finish_fanout(query)
     sweeper.join(120)
     failed = query.exception() is not None
     spark.stop()

@@ -12,8 +12,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if __name__ == "__main__":
     sys.path.insert(0, __file__.rsplit("/jobs/", 1)[0])
@@ -27,7 +28,6 @@ from queue_engine.settings import Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-    from pyspark.sql.streaming.query import StreamingQuery
 
 HELP = "run the fanout stream (topics -> channel tables, exactly once)"
 log = logging.getLogger("deltaq.fanout")
@@ -65,10 +65,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from queue_engine.spark.session import build_session
+    from queue_engine.spark.fanout_loop import loop_keeps
+    from queue_engine.spark.session import build_session, runs_locally
     from queue_engine.store.coordination import JobLock
 
+    checkpoint = args.checkpoint or settings.fanout_checkpoint or None
     with JobLock(settings.warehouse, "fanout", lease_s=settings.store_lease_s):
+        if (
+            runs_locally(args.master)
+            and not settings.fanout_in_spark
+            and args.channel_writes in ("auto", "driver")
+            and loop_keeps(checkpoint)
+        ):
+            # One machine, channel rows written by this process: no Spark needed.
+            return _run_loop(args, settings)
         return _run(
             args,
             settings,
@@ -76,8 +86,27 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         )
 
 
+def _run_loop(args: argparse.Namespace, settings: Settings) -> int:
+    from queue_engine.spark.fanout_loop import FanoutLoop
+    from queue_engine.store.tables import Warehouse
+
+    loop = FanoutLoop(
+        Warehouse(settings.warehouse),
+        once=args.once,
+        checkpoint=args.checkpoint or settings.fanout_checkpoint or None,
+        max_files_per_trigger=args.max_files_per_trigger,
+    ).start()
+    log.info("fanout: in this process, on Spark's checkpoint format, without Spark")
+    return _follow(args, loop, loop.stop, lambda: loop.moved)
+
+
 def _run(args: argparse.Namespace, settings: Settings, spark: SparkSession) -> int:
-    from queue_engine.spark.fanout_stream import channel_format_for, finish_fanout, start_fanout
+    from queue_engine.spark.fanout_stream import (
+        channel_format_for,
+        finish_fanout,
+        moved_by,
+        start_fanout,
+    )
     from queue_engine.spark.session import quiet_stream_stop
     from queue_engine.store.tables import Warehouse
 
@@ -90,6 +119,22 @@ def _run(args: argparse.Namespace, settings: Settings, spark: SparkSession) -> i
         channel_format=channel_format_for(spark, args.channel_writes),
     )
 
+    def stop_query() -> None:
+        quiet_stream_stop(spark)
+        query.stop()
+
+    try:
+        return _follow(args, query, stop_query, lambda: moved_by(query))
+    finally:
+        finish_fanout(query)
+        spark.stop()
+
+
+def _follow(
+    args: argparse.Namespace, query: Any, stop_query: Callable[[], None], moved: Callable[[], Any]
+) -> int:
+    """Wait for the fanout (Spark's query or the loop) to end, or stop it on SIGTERM/SIGINT;
+    a one-shot run shows its progress."""
     # A signal only asks: the handler runs in the main thread, possibly in the middle of a
     # call to the JVM, and a call of its own there would break that one's connection.
     stopping = threading.Event()
@@ -99,18 +144,15 @@ def _run(args: argparse.Namespace, settings: Settings, spark: SparkSession) -> i
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    progress = _Follow() if args.once else None
+    progress = _Follow(moved) if args.once else None
     while not query.awaitTermination(1):
         if progress is not None:
-            progress.update(query)
+            progress.update()
         if stopping.is_set():
-            quiet_stream_stop(spark)
-            query.stop()
+            stop_query()
     if progress is not None:
-        progress.done(query)
+        progress.done()
     exception = query.exception()
-    finish_fanout(query)
-    spark.stop()
     if exception is not None:
         log.error("fanout failed: %s", exception)
         return 1
@@ -120,29 +162,22 @@ def _run(args: argparse.Namespace, settings: Settings, spark: SparkSession) -> i
 class _Follow:
     """A progress line while a one-shot fanout runs: batches done and messages moved."""
 
-    def __init__(self) -> None:
+    def __init__(self, moved: Callable[[], Any]) -> None:
         self.progress = Progress()
         self.started = time.monotonic()
-        self.batches = 0
-        self.rows = 0
+        self.moved = moved
 
-    def _count(self, query: StreamingQuery) -> None:
-        from queue_engine.spark.fanout_stream import moved_by
-
-        moved = moved_by(query)
-        self.batches, self.rows = moved.batches, moved.rows
-
-    def update(self, query: StreamingQuery) -> None:
-        self._count(query)
+    def update(self) -> None:
+        moved = self.moved()
         self.progress(
-            f"fanout: {self.batches} batches, {self.rows:,} messages, "
+            f"fanout: {moved.batches} batches, {moved.rows:,} messages, "
             f"{time.monotonic() - self.started:.0f} s"
         )
 
-    def done(self, query: StreamingQuery) -> None:
-        self._count(query)
+    def done(self) -> None:
+        moved = self.moved()
         self.progress.done(
-            f"fanout: done, {self.batches} batches, {self.rows:,} messages in "
+            f"fanout: done, {moved.batches} batches, {moved.rows:,} messages in "
             f"{time.monotonic() - self.started:.1f} s"
         )
 

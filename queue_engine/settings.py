@@ -172,9 +172,14 @@ class Settings(BaseSettings):
     # Connect's own default), and deltaq sql uses it when it answers: a query then takes about
     # a second instead of a JVM start. 0: neither.
     spark_connect_port: int = 15002
-    # Where the fanout stream keeps Spark's checkpoint (offsets and commits): a path or URL
-    # Spark's Hadoop FileSystem can write. "": <warehouse>/_checkpoints/fanout.
+    # Where the fanout keeps its checkpoint (Spark's streaming format: offsets and commits): a
+    # local path, a store URL, or one Spark's Hadoop FileSystem can write (s3a://, hdfs://).
+    # "": <warehouse>/_checkpoints/fanout.
     fanout_checkpoint: str = ""
+    # On a local master the fanout's batches run in a loop of the jobs process, on Spark's
+    # checkpoint (queue_engine/spark/fanout_loop.py); true: as Spark's Structured Streaming
+    # query there too (Spark's streaming progress and UI, at 0.2-1.5 s a micro-batch).
+    fanout_in_spark: bool = False
     # More Maven coordinates for the jobs' Spark (spark.jars.packages, fetched into Ivy's cache
     # like delta-spark's): org.apache.hadoop:hadoop-aws:<Spark's Hadoop version> lets Spark
     # write an s3a:// fanout checkpoint itself. spark-submit's own --packages apply there.

@@ -408,7 +408,7 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.files_per_partition = files_per_partition
         self.max_files = max_files
         self.target: dict[str, list[int]] | None = None
-        self._registry_reader = RegistryReader(self.warehouse.registry_path)
+        self.registry_reader = RegistryReader(self.warehouse.registry_path)
         self._known: dict[str, int] = {}
         # The next budgeted trigger hands out files from the topic after this one ("": first).
         self._budget_after = ""
@@ -421,7 +421,7 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._refused: set[tuple[str, int]] = set()
 
     def _registry(self) -> Registry:
-        return self._registry_reader.get()
+        return self.registry_reader.get()
 
     def initialOffset(self) -> dict[str, list[int]]:
         return {}
@@ -537,12 +537,16 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def planned(self, start: dict[str, list[int]], end: dict[str, list[int]]) -> list[FileRef]:
         """The files of the micro-batch (start, end], with their topic and version, topics in
         name order."""
+        # Most topics of a batch over many did not move: only those that did are looked up.
+        moved = [
+            (name, begin, version)
+            for name, (seq, version) in sorted(end.items())
+            if (begin := _begin_version(start, name, seq)) < version
+        ]
         return [
             (f.path, name, f.version, f.exclude_ids_of)
-            for name, (seq, version) in sorted(end.items())
-            for f in self._log.added(
-                self.warehouse.topic_path(name), _begin_version(start, name, seq), version
-            )
+            for name, begin, version in moved
+            for f in self._log.added(self.warehouse.topic_path(name), begin, version)
         ]
 
     def partitions(

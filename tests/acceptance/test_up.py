@@ -71,7 +71,7 @@ def test_up_runs_the_readme_quick_start_and_stops_on_ctrl_c(tmp_path: Path) -> N
         assert not foreign, "\n".join(before_ready)
         assert len(before_ready) <= 12, before_ready
         assert f"http://{HOST}:{port}" in text
-        assert "fanout stream and sweep (every 7.5 s)" in text, text[-3000:]
+        assert "fanout in this process and sweep (every 7.5 s)" in text, text[-3000:]
         assert f"sc://127.0.0.1:{connect_port}" in text
         assert f"NSQ clients on {HOST}:{tcp_port}" in text
 

@@ -55,8 +55,13 @@ def test_a_spark_command_without_java_prints_one_line_and_exits_4(tmp_path: Path
     warehouse = Warehouse(str(tmp_path / "w"))
     open_or_create(warehouse.registry_path, REGISTRY_SCHEMA)
     env = {**os.environ, "JAVA_HOME": str(_java_home(tmp_path, "11.0.2"))}
+    # Spark's writer for the channel rows: this fanout needs Spark (a local one writing from
+    # its own process does not start it).
     done = subprocess.run(
-        [sys.executable, "-m", "deltaq", "fanout", "--once", "--warehouse", warehouse.root],
+        [
+            *(sys.executable, "-m", "deltaq", "fanout", "--once", "--warehouse", warehouse.root),
+            *("--channel-writes", "deltaq"),
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -84,3 +84,49 @@ def test_two_writers_commit_registry_events_in_seq_order(tmp_path: Path) -> None
     assert [(e.seq, e.topic) for e in load_events(path)] == [(0, "a"), (1, "b")]
     first.close()
     second.close()
+
+
+def test_a_reader_follows_appends_compaction_and_rewrites_as_a_fresh_read_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that read the registry once folds later appends from the files they added (the
+    whole table is not read again for them), a compaction changes nothing, and a rewrite that
+    removed events is read whole: at every step it agrees with a reader starting afresh."""
+    from queue_engine.store.tables import registry as registry_module
+
+    path = tmp_path / "registry"
+    _old_registry(path)  # an older registry: files without the options column
+    reader = RegistryReader(str(path))
+
+    def state(r: Registry) -> dict[str, object]:
+        return {
+            name: (info.ttl_ms, info.paused, sorted(info.channels))
+            for name, info in sorted(r.topics.items())
+        }
+
+    assert state(reader.get()) == {"t": (None, False, ["c"])}
+    whole_reads: list[str] = []
+    real_load = registry_module.load_events
+    monkeypatch.setattr(
+        registry_module, "load_events", lambda p: whole_reads.append(p) or real_load(p)
+    )
+
+    store = RegistryStore(str(path))
+    for seq in range(2, 12):
+        store.append(RegistryEvent(seq, seq, Action.TOPIC_CREATE, f"u{seq}"))
+    store.append(RegistryEvent(12, 12, Action.TOPIC_CONFIGURE, "t", options={"ttl_ms": 9}))
+    store.append(RegistryEvent(13, 13, Action.TOPIC_PAUSE, "u2"))
+    assert state(reader.get()) == state(RegistryReader(str(path)).get())
+    assert reader.get().topics["t"].ttl_ms == 9 and reader.get().topics["u2"].paused
+    assert whole_reads == [str(path)]  # only the fresh reader's
+
+    DeltaTable(str(path)).optimize.compact()
+    assert state(reader.get()) == state(RegistryReader(str(path)).get())
+    assert len(whole_reads) == 2
+
+    # A rewrite (events removed): the whole table is read again.
+    DeltaTable(str(path)).delete("topic = 'u3'")
+    whole_reads.clear()
+    assert "u3" not in reader.get().topics
+    assert whole_reads == [str(path)]
+    store.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -19,6 +20,7 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from queue_engine.spark.fanout_loop import FanoutLoop
 from queue_engine.spark.fanout_stream import (
     ForeignCheckpointError,
     Moved,
@@ -38,19 +40,27 @@ def channel_bodies(warehouse: Path, topic: str, channel: str) -> list[bytes]:
 
 
 def run_once(spark: SparkSession, warehouse: Path, channel_format: str | None = None) -> Moved:
+    """One one-shot fanout: ``channel_format`` "loop" is the fanout without Spark (what a local
+    ``deltaq fanout`` and ``deltaq up`` run), else Spark's query writing with that format."""
+    if channel_format == "loop":
+        loop = FanoutLoop(Warehouse(str(warehouse)), once=True).start()
+        assert loop.awaitTermination(300)
+        assert loop.exception() is None
+        return loop.moved
     query = start_fanout(spark, Warehouse(str(warehouse)), once=True, channel_format=channel_format)
     query.awaitTermination(300)
     assert query.exception() is None
     return moved_by(query)
 
 
-# None: rows collected on the driver and appended through delta-rs (the default here);
-# "deltaq": Spark's writer with delta-spark's txnAppId/txnVersion options (the path "delta"
-# takes where delta-spark's jars load).
-WRITE_PATHS = [None, "deltaq"]
+# "loop": the fanout without Spark, in the process (a local master's); None: Spark's query,
+# its driver reading each batch's rows and appending them through delta-rs; "deltaq": Spark's
+# writer with delta-spark's txnAppId/txnVersion options (the path "delta" takes where
+# delta-spark's jars load).
+WRITE_PATHS = ["loop", None, "deltaq"]
 
 
-@pytest.mark.parametrize("channel_format", WRITE_PATHS, ids=["driver", "spark-writer"])
+@pytest.mark.parametrize("channel_format", WRITE_PATHS, ids=["loop", "driver", "spark-writer"])
 def test_fanout_rules(
     spark: SparkSession,
     server_factory: type[Server],
@@ -93,11 +103,13 @@ def test_fanout_rules(
     # The one-shot run's progress counts the rows it read: a's four and e's after the empty
     # at least (e's emptied row is read too, and routed nowhere).
     assert moved.batches >= 1 and moved.rows >= 5, moved
-    # Each trigger that moved rows is logged whole, from Spark's progress event (which
+    # Each Spark trigger that ran a batch is logged whole, from Spark's progress event (which
     # reaches the listener shortly after the query ends).
     trigger = re.compile(r"fanout trigger \d+: \d+ ms \(latestOffset \d+, addBatch \d+, ")
     deadline = time.monotonic() + 10
-    while not any(trigger.match(r.getMessage()) for r in caplog.records):
+    while channel_format != "loop" and not any(
+        trigger.match(r.getMessage()) for r in caplog.records
+    ):
         assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
         time.sleep(0.1)
     assert channel_bodies(wh, "a", "c2") == [b"a2"]
@@ -282,3 +294,57 @@ def test_an_empty_checkpoint_over_fanned_out_channels_is_refused(
     assert channel_bodies(wh, "t", "c") == [b"first"]
     run_once(spark, wh)  # the checkpoint it ran with goes on where it stopped
     assert channel_bodies(wh, "t", "c") == [b"first", b"second"]
+
+
+def test_spark_and_the_loop_resume_each_others_checkpoint_exactly_once(
+    spark: SparkSession, server_factory: type[Server], tmp_path: Path
+) -> None:
+    """The loop keeps Spark's checkpoint format: a warehouse moved between a local fanout and a
+    cluster's resumes where the other stopped, including a batch logged and not committed
+    (left by a crash), which the resuming side runs again and every channel skips."""
+    wh = tmp_path / "wh"
+    server = server_factory(wh).start()
+    client = httpx.Client(base_url=server.url, timeout=30)
+    for path in ("/topic/create", "/channel/create"):
+        assert client.post(path, params={"topic": "t", "channel": "c"}).status_code == 200
+    published: list[bytes] = []
+
+    def publish(n: int) -> None:
+        bodies = [f"m{len(published) + i}".encode() for i in range(n)]
+        assert client.post("/mpub", params={"topic": "t"}, content=b"\n".join(bodies)).text == "OK"
+        published.extend(bodies)
+        server.topic_table("t")  # committed, not only acknowledged
+
+    checkpoint = wh / "_checkpoints" / "fanout"
+
+    def last(log: str) -> int:
+        return max(int(p.name) for p in (checkpoint / log).iterdir() if p.name.isdigit())
+
+    def crash_before_commit() -> None:
+        """Batch N's rows are in the channel; its commit never made it."""
+        n = last("commits")
+        (checkpoint / "commits" / str(n)).unlink()
+        (checkpoint / "commits" / f".{n}.crc").unlink(missing_ok=True)
+
+    def crash_after_logging_offsets() -> None:
+        """Batch N+1's offsets are logged (up to the topic's newest version); no channel has
+        its rows yet: whoever resumes must run exactly that batch."""
+        n = last("offsets")
+        lines = (checkpoint / "offsets" / str(n)).read_text().split("\n")
+        offset = json.loads(lines[2])
+        offset["t"][1] = DeltaTable(str(wh / "topics" / "t")).version()
+        body = "\n".join([lines[0], lines[1], json.dumps(offset)])
+        (checkpoint / "offsets" / str(n + 1)).write_text(body)
+
+    steps = ["spark", "loop", "spark", "loop", "spark"]
+    for i, path in enumerate(steps):
+        publish(3)
+        if i % 2 == 1:
+            crash_after_logging_offsets()
+        run_once(spark, wh, None if path == "spark" else "loop")
+        assert Counter(channel_bodies(wh, "t", "c")) == Counter(published), (i, path)
+        if i % 2 == 0 and i < len(steps) - 1:
+            crash_before_commit()
+    offsets = (wh / "_checkpoints" / "fanout" / "offsets").iterdir()
+    assert len([p for p in offsets if p.name.isdigit()]) >= len(steps)
+    client.close()
