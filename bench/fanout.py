@@ -5,8 +5,9 @@
    runs; each body carries its publish time; a tailer reads the channel table's new commits and
    prints publish -> row visible in the channel table, p50/p99.
 2. Backlog: ``--backlog`` 200-byte messages published first, then ``deltaq fanout --once``;
-   prints msg/s over the run, and the same run's fixed cost (Spark start/stop) measured on an
-   empty warehouse; and the CPU seconds and peak RSS of the fanout's Python driver, its JVM and
+   prints msg/s over the run, and the same run's fixed cost (the process's start and stop,
+   Spark's where it runs as Spark's query) measured on an empty warehouse; and the CPU
+   seconds and peak RSS of the fanout's Python driver, its JVM and
    Spark's Python workers (run it with --backlog N and 10 N to see what grows with the
    backlog).
 
@@ -64,7 +65,7 @@ def latency(rate: int, seconds: float, warmup: float, job_args: list[str], embed
             if embedded:
                 fanout = fanout_process(wh, "--every", "10", module="jobs.embedded")
             else:
-                fanout = fanout_process(wh, *job_args)
+                fanout = fanout_process(wh, "--log-batches", *job_args)
             remote = bool(procs.direct_store_env)
             channel = wh / "channels" / "lat" / "c" / "messages"
             channel_url = f"{warehouse_arg(wh)}/channels/lat/c/messages"
@@ -226,7 +227,8 @@ def backlog(count: int, job_args: list[str]) -> None:
         print(
             f"backlog: {published} msgs published in {fill:.1f} s; fanout --once moved "
             f"{rows} rows in {wall:.1f} s wall = {rows / wall:,.0f} msg/s; excluding the "
-            f"{fixed:.1f} s fixed Spark start/stop: {rows / max(wall - fixed, 1e-9):,.0f} msg/s"
+            f"{fixed:.1f} s fixed start/stop (an empty run's): "
+            f"{rows / max(wall - fixed, 1e-9):,.0f} msg/s"
         )
         print(
             f"backlog {rows:,}: Python driver {usage.cpu['driver']:.1f} CPU-s, peak RSS "

@@ -125,7 +125,7 @@ def main() -> int:
             wait_all_open(warehouse)
             fanout_log = warehouse.parent / "fanout.log"
             fanout_log.write_text("")
-            fanout = fanout_process(warehouse)
+            fanout = fanout_process(warehouse, "--log-batches")
             deadline = time.monotonic() + 180
             while "fanout batch" not in fanout_log.read_text(errors="replace"):
                 assert time.monotonic() < deadline, "the fanout did not start"

@@ -67,6 +67,11 @@ log = logging.getLogger(__name__)
 # API's publishing slowed by as much.
 MIN_BATCH_INTERVAL_S = 0.05
 IDLE_POLL_MAX_S = 0.2
+# The loop runs up to 20 batches a second: each gets a log line only with ``log_batches``
+# (else at DEBUG), a batch slower than SLOW_BATCH_S always; and a summary line every
+# SUMMARY_S while batches run.
+SLOW_BATCH_S = 1.0
+SUMMARY_S = 60.0
 # Batches whose offset and commit log entries are kept (Spark's minBatchesToRetain default).
 RETAIN_BATCHES = 100
 # Spark's metadata line of an offset log entry: the fields it reads back, and the SQL
@@ -110,8 +115,14 @@ class FanoutLoop:
         checkpoint: str | None = None,
         max_files_per_trigger: int = MAX_FILES_PER_TRIGGER,
         max_rows_per_trigger: int = DEFAULT_MAX_ROWS_PER_TRIGGER,
+        log_batches: bool = False,
     ) -> None:
         self.warehouse = warehouse
+        self.log_batches = log_batches
+        # Since the last summary line: batches, rows, and each batch's seconds.
+        self._summary_at = time.monotonic()
+        self._summary: list[float] = []
+        self._summary_rows = 0
         self.once = once
         self.moved = Moved()
         location = checkpoint or f"{warehouse.checkpoints_root}/fanout"
@@ -233,6 +244,7 @@ class FanoutLoop:
             self._sinks,
             self._notices,
             before,
+            log_level=logging.INFO if self.log_batches else logging.DEBUG,
         )
         self._log_commit(batch_id)
         self._offsets.commit(end)
@@ -240,7 +252,30 @@ class FanoutLoop:
         self.moved.batches += 1
         if batch_id % RETAIN_BATCHES == 0:
             self._purge(batch_id - RETAIN_BATCHES)
-        log.debug("fanout loop batch %d: %.0f ms", batch_id, (time.perf_counter() - started) * 1e3)
+        took = time.perf_counter() - started
+        if took >= SLOW_BATCH_S and not self.log_batches:
+            log.info("fanout batch %d: %d rows in %.0f ms", batch_id, rows, took * 1000)
+        self._summarize(took, rows)
+
+    def _summarize(self, took: float, rows: int) -> None:
+        """One line a minute while batches run: how many, their rows, their durations."""
+        self._summary.append(took)
+        self._summary_rows += rows
+        now = time.monotonic()
+        if now - self._summary_at < SUMMARY_S:
+            return
+        times = sorted(self._summary)
+        log.info(
+            "fanout: %d batches, %d messages in the last %.0f s; a batch p50 %.0f ms, "
+            "p99 %.0f ms, max %.0f ms",
+            len(times),
+            self._summary_rows,
+            now - self._summary_at,
+            times[len(times) // 2] * 1000,
+            times[min(len(times) - 1, int(len(times) * 0.99))] * 1000,
+            times[-1] * 1000,
+        )
+        self._summary_at, self._summary, self._summary_rows = now, [], 0
 
     # -- Spark's checkpoint format ----------------------------------------------------------
 

@@ -153,11 +153,12 @@ def fanout_batch(
     sinks: ChannelSinks,
     notices: NoticeWriter | None = None,
     before_writes: Callable[[], object] | None = None,
+    log_level: int = logging.INFO,
 ) -> int:
     """Write one micro-batch, the rows ``read`` returns, into the channel tables; return the
-    number of topic rows it held. ``notices``: where to tell the API nodes which channels got rows;
-    ``before_writes``: what must be done before the first channel commit (waited for after
-    the batch is read)."""
+    number of topic rows it held. ``notices``: where to tell the API nodes which channels got
+    rows; ``before_writes``: what must be done before the first channel commit (waited for
+    after the batch is read); ``log_level``: of the batch's log line."""
     started = time.perf_counter()
     rows = read()
     read_s = time.perf_counter() - started
@@ -173,7 +174,8 @@ def fanout_batch(
         # A replayed batch too: its rows may have landed after the nodes last looked. Posted
         # off the batch's path (a hint; one PUT on an object store).
         notices.post_soon(routed)
-    log.info(
+    log.log(
+        log_level,
         "fanout batch %d: %d rows in, %d channel rows out to %d channels "
         "(read %.0f ms, write %.0f ms)",
         batch_id,
