@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 if __name__ == "__main__":
     sys.path.insert(0, __file__.rsplit("/jobs/", 1)[0])
@@ -25,6 +25,12 @@ from jobs.command import (
     standalone_main,
 )
 from queue_engine.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from queue_engine.spark.fanout_loop import FanoutLoop
+    from queue_engine.store.tables import Warehouse
 
 HELP = "the fanout and the sweep on one Spark (what deltaq up starts)"
 log = logging.getLogger("deltaq.jobs")
@@ -104,11 +110,9 @@ def _run(
     stop: threading.Event,
     parent: ParentWatch | None,
 ) -> int:
-    from jobs.sweep import run_every
     from queue_engine.ports import check_ports, spark_connect_listener
     from queue_engine.spark.fanout_loop import FanoutLoop, loop_keeps
-    from queue_engine.spark.fanout_stream import channel_format_for, finish_fanout, start_fanout
-    from queue_engine.spark.session import build_session, quiet_stream_stop, runs_locally
+    from queue_engine.spark.session import build_session, runs_locally
     from queue_engine.store.tables import Warehouse
 
     warehouse = Warehouse(settings.warehouse)
@@ -130,10 +134,32 @@ def _run(
             quiet=not args.verbose,
             packages=settings.spark_packages,
         )
+        return _serve(args, settings, every, stop, parent, spark, loop, warehouse, checkpoint)
     except BaseException:
+        # Nothing may go on writing once this returns: the job locks are released then.
+        stop.set()
         if loop is not None:
             loop.stop()
         raise
+
+
+def _serve(
+    args: argparse.Namespace,
+    settings: Settings,
+    every: float,
+    stop: threading.Event,
+    parent: ParentWatch | None,
+    spark: SparkSession,
+    loop: FanoutLoop | None,
+    warehouse: Warehouse,
+    checkpoint: str | None,
+) -> int:
+    """The fanout (Spark's query unless ``loop`` runs it), the sweep and Spark Connect, until
+    ``stop`` is set."""
+    from jobs.sweep import run_every
+    from queue_engine.spark.fanout_stream import channel_format_for, finish_fanout, start_fanout
+    from queue_engine.spark.session import quiet_stream_stop
+
     query: Any = loop
     if loop is None:
         query = start_fanout(

@@ -104,7 +104,10 @@ def _run_loop(args: argparse.Namespace, settings: Settings) -> int:
         log_batches=args.log_batches,
     ).start()
     log.info("fanout: in this process, on Spark's checkpoint format, without Spark")
-    return _follow(args, loop, loop.stop, lambda: loop.moved)
+    try:
+        return _follow(args, loop, loop.stop, lambda: loop.moved)
+    finally:
+        loop.stop()  # before the job lock goes, whatever happened
 
 
 def _run(args: argparse.Namespace, settings: Settings, spark: SparkSession) -> int:

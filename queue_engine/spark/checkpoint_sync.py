@@ -77,10 +77,18 @@ def logged_offsets(root: str, batch_id: int) -> dict[str, Any]:
     # "v1", the batch's metadata, then one line per source: this query has one.
     if len(lines) != 3:
         raise ValueError(f"offsets/{batch_id} of {root}: {len(lines)} lines, not 3")
-    if lines[2].strip() == b"-":
+    line = _source_line(lines[2].strip())
+    if line == b"-":
         return {}
-    offset: dict[str, Any] = json.loads(lines[2])
+    offset: dict[str, Any] = json.loads(line)
     return offset
+
+
+def _source_line(line: bytes) -> bytes:
+    """A source's offset as Spark logs it: ``{...}`` or ``-`` (format 1), the same after the
+    source's id and a colon (format 2, ``0:{...}``)."""
+    match = re.fullmatch(rb"\d+:(.*)", line, flags=re.DOTALL)
+    return match.group(1) if match else line
 
 
 def repair_checkpoint(location: str) -> list[str]:
@@ -153,8 +161,9 @@ def _sound(path: str) -> bool:
     lines = [line for line in text.split(b"\n") if line.strip()]
     if len(lines) < 2 or not re.fullmatch(rb"v\d+", lines[0].strip()):
         return False
-    for line in lines[1:]:
-        if line.strip() == b"-":
+    for raw in lines[1:]:
+        line = _source_line(raw.strip())
+        if line == b"-":
             continue
         try:
             json.loads(line)

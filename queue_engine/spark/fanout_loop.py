@@ -42,6 +42,7 @@ from queue_engine.spark.checkpoint_sync import (
     local_checkpoint,
     logged_offsets,
     repair_checkpoint,
+    sync_batch,
 )
 from queue_engine.spark.fanout_stream import (
     ChannelSinks,
@@ -157,6 +158,7 @@ class FanoutLoop:
         the batches in a thread."""
         try:
             repair_checkpoint(self.root)
+            self._discard_temporaries()
             self._ensure_metadata()
             if self._latest_logged() < 0:
                 refuse_foreign_history(self.warehouse, self._registry.get(), self.location)
@@ -206,7 +208,10 @@ class FanoutLoop:
         batch_id = latest + 1
         start = logged_offsets(self.root, latest)
         if latest >= 0 and not self._committed(latest):
-            # Logged and perhaps partly written before a crash: run again with its offsets.
+            # Logged and perhaps partly written before a crash: run again with its offsets,
+            # made durable first (a crash may have come before they were synced: channels
+            # must never hold a batch whose offsets a power cut could take back).
+            sync_batch(self.root, latest)
             batch_id = latest
             start = logged_offsets(self.root, latest - 1)
             self._run_batch(batch_id, start, logged_offsets(self.root, latest))
@@ -279,6 +284,16 @@ class FanoutLoop:
 
     # -- Spark's checkpoint format ----------------------------------------------------------
 
+    def _discard_temporaries(self) -> None:
+        """Temporary files a kill left before their rename (never part of the log)."""
+        for log_name in ("offsets", "commits"):
+            directory = os.path.join(self.root, log_name)
+            with contextlib.suppress(FileNotFoundError):
+                for name in os.listdir(directory):
+                    if name.startswith(".") and name.endswith(".tmp"):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(os.path.join(directory, name))
+
     def _ensure_metadata(self) -> None:
         path = os.path.join(self.root, "metadata")
         if not os.path.exists(path):
@@ -345,7 +360,10 @@ def _write_durably(path: str, body: bytes, *, sync: bool = True) -> None:
     """``body`` at ``path``, whole or not at all: a temporary file renamed over; with ``sync``
     on disk before this returns (the file synced before the rename, then the directory)."""
     directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
+    if not os.path.isdir(directory):
+        os.makedirs(directory, exist_ok=True)
+        # The new directory's own entry, or its files could be lost with it.
+        sync_directory(os.path.dirname(directory))
     temporary = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
     with open(temporary, "wb") as f:
         f.write(body)

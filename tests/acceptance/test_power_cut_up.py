@@ -152,12 +152,14 @@ def cut_up_and_check(disk: power_cut.PowerCutDisk, tmp_path: Path, *, ack: str, 
             load.start()
             tcp = TcpConsumer(up.tcp_port, "cut", "c")
             tcp.start()
-            # The cut lands while the fanout copies this round's messages.
+            # The cut lands while the fanout copies this round's messages, once the consumer
+            # has had a /fin answered (what must not come back after the cut).
             fanned = count(channel_table)
             deadline = time.monotonic() + 240
-            while count(channel_table) <= fanned:
+            while count(channel_table) <= fanned or not load.finished:
                 assert time.monotonic() < deadline, (
-                    f"round {round_}: the fanout copied nothing; deltaq up's log ends:\n"
+                    f"round {round_}: the fanout copied nothing or no /fin was answered "
+                    f"({len(load.finished)}); deltaq up's log ends:\n"
                     + up.log_path.read_text(errors="replace")[-6000:]
                 )
                 time.sleep(0.2)

@@ -257,7 +257,7 @@ def test_local_appender_races_with_delta_rs_writers_and_compaction(tmp_path: Pat
     def compactor() -> None:
         try:
             for _ in range(5):
-                DeltaTable(path).optimize.compact()
+                DeltaTable(path).optimize.compact(commit_properties=retries)
                 time.sleep(0.05)
         except BaseException as exc:
             errors.append(exc)
