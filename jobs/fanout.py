@@ -84,7 +84,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             and loop_keeps(checkpoint)
         ):
             # One machine, channel rows written by this process: no Spark needed.
-            return _run_loop(args, settings)
+            return _run_loop(args, settings, checkpoint)
         return _run(
             args,
             settings,
@@ -92,14 +92,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         )
 
 
-def _run_loop(args: argparse.Namespace, settings: Settings) -> int:
+def _run_loop(args: argparse.Namespace, settings: Settings, checkpoint: str | None) -> int:
     from queue_engine.spark.fanout_loop import FanoutLoop
     from queue_engine.store.tables import Warehouse
 
     loop = FanoutLoop(
         Warehouse(settings.warehouse),
         once=args.once,
-        checkpoint=args.checkpoint or settings.fanout_checkpoint or None,
+        checkpoint=checkpoint,
         max_files_per_trigger=args.max_files_per_trigger,
         log_batches=args.log_batches,
     ).start()

@@ -150,6 +150,7 @@ class FanoutLoop:
         self._registry = self._offsets.registry_reader
         self._sinks = ChannelSinks(warehouse)
         self._notices = NoticeWriter(warehouse.root, "fanout")
+        self._recorded_conf: dict[str, str] | None = None
         self._stop = threading.Event()
         self._done = threading.Event()
         self._error: BaseException | None = None
@@ -330,16 +331,15 @@ class FanoutLoop:
 
     def _conf(self) -> dict[str, str]:
         """The SQL settings the last logged batch recorded (Spark keeps a query's settings for
-        its life), else Spark's for a new stateless query."""
-        if not hasattr(self, "_recorded_conf"):
-            conf = dict(_CONF)
+        its life), else Spark's for a new stateless query; read once."""
+        if self._recorded_conf is None:
+            self._recorded_conf = dict(_CONF)
             latest = self._latest_logged()
             if latest >= 0:
                 with open(os.path.join(self.root, "offsets", str(latest)), "rb") as f:
                     lines = f.read().split(b"\n")
                 with contextlib.suppress(ValueError, IndexError):
-                    conf = json.loads(lines[1]).get("conf", conf)
-            self._recorded_conf = conf
+                    self._recorded_conf = json.loads(lines[1]).get("conf", self._recorded_conf)
         return self._recorded_conf
 
     def _log_commit(self, batch_id: int) -> None:
