@@ -217,6 +217,7 @@ def _lookup(messages_path: str, ledger_path: str, message_id: str) -> dict[str, 
             "published_at_us": _us(first.get("published_at")),
             "topic_version": first.get("topic_version"),
             **_body_text(first["body"]),
+            "headers": dict(first.get("headers") or ()),
         }
     table = _rows_with_id(ledger_path, message_id)
     events = (

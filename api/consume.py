@@ -76,6 +76,8 @@ def _message(delivery: Delivery) -> dict[str, Any]:
         "timestamp": delivery.published_at_us * 1000,
         "body": binascii.b2a_base64(delivery.body, newline=False).decode(),
         "lease": delivery.lease,
+        # deltaq's headers (queue_engine.headers): {} for a message published without any.
+        "headers": delivery.headers or {},
     }
 
 
@@ -147,8 +149,9 @@ async def answer(
         "returns up to `max` (default 1, at most max_rdy_count) messages, each leased to the "
         "caller for `msg_timeout_ms` (default msg_timeout_ms, 1000..max_msg_timeout_ms). "
         "Creates the topic and channel if they do not exist, as nsqd's SUB. A paused channel "
-        "delivers nothing. `body` is base64; `timestamp` is the publish time in ns; answer "
-        "with `/fin`, `/req` or `/touch` giving `id` and `lease`."
+        "delivers nothing. `body` is base64; `timestamp` is the publish time in ns; `headers` "
+        "are the message's (`{}`: none); answer with `/fin`, `/req` or `/touch` giving `id` "
+        "and `lease`."
     ),
     response_class=Response,
     responses={
@@ -164,6 +167,7 @@ async def answer(
                                 "timestamp": 1700000000000000000,
                                 "body": "aGVsbG8=",
                                 "lease": "1-4f2a9c0b7d1e",
+                                "headers": {"region": "eu"},
                             }
                         ]
                     }

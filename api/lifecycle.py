@@ -225,6 +225,7 @@ async def channel_dead(
             # nsqd's message timestamp: nanoseconds since the epoch, when it was published.
             "timestamp": (row["published_at"] - _EPOCH) // timedelta(microseconds=1) * 1000,
             "body": binascii.b2a_base64(row["body"], newline=False).decode(),
+            "headers": dict(row.get("headers") or ()),
         }
         for row in table.to_pylist()
     ]

@@ -20,6 +20,7 @@ from api.responses import error_doc, ok_text
 from api.state import broker_of
 from queue_engine.broker import Broker
 from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.headers import Headers, none_if_bare, parse_envelope, parse_envelope_lines
 from queue_engine.mpub import check_single, parse_binary, split_text
 from queue_engine.names import require_topic
 
@@ -52,17 +53,37 @@ def ttl_ms(value: str | None) -> int | None:
     return int(value)
 
 
+def enveloped(params: Mapping[str, str]) -> bool:
+    """``envelope=json``: the body is JSON carrying the message and its headers
+    (queue_engine.headers); absent: the body is the message, as nsqd reads it."""
+    value = params.get("envelope")
+    if value is None:
+        return False
+    if value != "json":
+        raise QueueError(ErrorCode.INVALID_ENVELOPE, f"envelope={value!r}: the one form is json")
+    return True
+
+
 async def pub(broker: Broker, params: Mapping[str, str], read: BodyReader) -> None:
     """nsqd's doPUB: body checks first, then the topic, then defer (then deltaq's ttl_ms)."""
     limits = broker.settings
-    body = check_single(
-        await read(limits.max_msg_size_bytes, ErrorCode.MSG_TOO_BIG), limits.max_msg_size_bytes
-    )
+    headers: list[Headers | None] | None = None
+    if enveloped(params):
+        # The envelope's JSON (and base64) is larger than the message it carries: it is read
+        # up to the batch limit, and the message it holds is held to the message limit.
+        body, found = parse_envelope(await read(limits.max_body_size_bytes, ErrorCode.MSG_TOO_BIG))
+        body = check_single(body, limits.max_msg_size_bytes)
+        headers = none_if_bare([found])
+    else:
+        body = check_single(
+            await read(limits.max_msg_size_bytes, ErrorCode.MSG_TOO_BIG),
+            limits.max_msg_size_bytes,
+        )
     name = require_topic(params.get("topic"))
     # nsqd creates the topic as soon as the name is valid, even if the request fails later.
     await broker.create_topic(name)
     defer = defer_ms(params.get("defer"), limits.max_req_timeout_ms)
-    await broker.publish(name, [body], defer, ttl_ms(params.get("ttl_ms")))
+    await broker.publish(name, [body], defer, ttl_ms(params.get("ttl_ms")), headers)
 
 
 async def mpub(
@@ -76,14 +97,23 @@ async def mpub(
     # nsqd creates the topic as soon as the name is valid, even if the body is then refused.
     await broker.create_topic(name)
     ttl = ttl_ms(params.get("ttl_ms"))
+    envelope = enveloped(params)
     body = await read(limits.max_body_size_bytes, ErrorCode.BODY_TOO_BIG)
     binary = params.get("binary")
+    headers: list[Headers | None] | None = None
     if binary is not None and binary not in _FALSE:
+        if envelope:
+            raise QueueError(ErrorCode.INVALID_ENVELOPE, "envelope=json takes no binary=")
         messages = parse_binary(body, limits.max_msg_size_bytes, limits.max_body_size_bytes)
+    elif envelope:
+        messages, found = parse_envelope_lines(body)
+        for number, message in enumerate(messages, 1):
+            check_single(message, limits.max_msg_size_bytes, f"message {number}: ")
+        headers = none_if_bare(found)
     else:
         messages = split_text(body, limits.max_msg_size_bytes, limits.max_body_size_bytes)
     if messages:
-        await broker.publish(name, messages, ttl_ms=ttl)
+        await broker.publish(name, messages, ttl_ms=ttl, headers=headers)
 
 
 # -- FastAPI routes (documentation, and the path used when the fast path is off) -------------
@@ -103,6 +133,18 @@ TtlParam = Annotated[
     str | None,
     Query(
         description=f"Message TTL in ms after publishing: 1..{MAX_TTL_MS} (replaces the topic's)"
+    ),
+]
+EnvelopeParam = Annotated[
+    str | None,
+    Query(
+        # Checked by ``enveloped``, so that both front doors answer INVALID_ENVELOPE.
+        json_schema_extra={"enum": ["json"]},
+        description=(
+            "`json`: the body is an envelope carrying the message and its headers: "
+            '`{"body": "text", "headers": {"name": "value"}}` (`body_base64` instead of '
+            "`body` for bytes); /mpub takes one envelope per line"
+        ),
     ),
 ]
 TopicParam = Annotated[
@@ -141,7 +183,8 @@ def reader(request: Request) -> BodyReader:
         "once MS milliseconds have passed since publishing (it is expired instead; this "
         "replaces the topic's TTL). `OK` means the message is durable: in the "
         'node\'s fsync\'d journal (`ack = "journal"`) or a synced Delta commit (`ack = "commit"`); '
-        'with `ack = "buffer"`: queued for the next commit.'
+        'with `ack = "buffer"`: queued for the next commit. `envelope=json`: the body is '
+        '`{"body": ..., "headers": {...}}` (see /mpub).'
     ),
     response_class=Response,
     responses={
@@ -152,6 +195,8 @@ def reader(request: Request) -> BodyReader:
             ErrorCode.MSG_EMPTY,
             ErrorCode.INVALID_DEFER,
             ErrorCode.INVALID_TTL,
+            ErrorCode.INVALID_ENVELOPE,
+            ErrorCode.INVALID_HEADERS,
             ErrorCode.MSG_TOO_BIG,
             ErrorCode.E_COMMIT_FAILED,
             ErrorCode.EXITING,
@@ -164,6 +209,7 @@ async def pub_route(
     topic: TopicParam = None,
     defer: Annotated[str | None, Query(description="Delay in ms before delivery")] = None,
     ttl_ms: TtlParam = None,
+    envelope: EnvelopeParam = None,
 ) -> Response:
     await pub(broker_of(request), first_values(request), reader(request))
     return ok_text()
@@ -176,7 +222,11 @@ async def pub_route(
         "Text mode (default): messages separated by `\\n`, empty lines skipped. "
         "`binary=true`: `[4-byte count][4-byte size][bytes]...`, big-endian. "
         "All messages of one request go into one Delta commit: all or none. "
-        "`ttl_ms=MS`: as for /pub, for every message of the request."
+        "`ttl_ms=MS`: as for /pub, for every message of the request. "
+        "`envelope=json`: JSON Lines, one envelope per message, "
+        '`{"body": "text", "headers": {"name": "value"}}` (`body_base64` for bytes); '
+        "an error names its line and nothing of the request is published. Headers: at "
+        "most 100 per message, names 1-256 bytes, values up to 1,024 bytes."
     ),
     response_class=Response,
     responses={
@@ -185,6 +235,8 @@ async def pub_route(
             ErrorCode.MISSING_ARG_TOPIC,
             ErrorCode.INVALID_TOPIC,
             ErrorCode.INVALID_TTL,
+            ErrorCode.INVALID_ENVELOPE,
+            ErrorCode.INVALID_HEADERS,
             ErrorCode.BODY_TOO_BIG,
             ErrorCode.MSG_TOO_BIG,
             ErrorCode.BAD_BODY,
@@ -200,6 +252,7 @@ async def mpub_route(
     topic: TopicParam = None,
     binary: Annotated[str | None, Query(description="true/1 for the binary framing")] = None,
     ttl_ms: TtlParam = None,
+    envelope: EnvelopeParam = None,
 ) -> Response:
     await mpub(broker_of(request), first_values(request), reader(request), content_length(request))
     return ok_text()

@@ -25,6 +25,8 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.INVALID_VALUE: 400,
     ErrorCode.MSG_EMPTY: 400,
     ErrorCode.INVALID_DEFER: 400,
+    ErrorCode.INVALID_ENVELOPE: 400,
+    ErrorCode.INVALID_HEADERS: 400,
     ErrorCode.INVALID_MAX_ATTEMPTS: 400,
     ErrorCode.INVALID_TTL: 400,
     ErrorCode.INVALID_RETENTION: 400,
@@ -100,6 +102,8 @@ NSQD_CODES = frozenset(
 EXPLAINED_CODES = frozenset(
     {
         ErrorCode.E_INVALID,
+        ErrorCode.INVALID_ENVELOPE,
+        ErrorCode.INVALID_HEADERS,
         ErrorCode.INVALID_MAX_ATTEMPTS,
         ErrorCode.INVALID_TTL,
         ErrorCode.INVALID_RETENTION,

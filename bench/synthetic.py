@@ -17,6 +17,7 @@ from queue_engine.registry import Action, RegistryEvent
 from queue_engine.store.delta import open_or_create
 from queue_engine.store.tables import (
     CHANNEL_MESSAGES_SCHEMA,
+    HEADERS_TYPE,
     LEDGER_SCHEMA,
     RegistryStore,
     Warehouse,
@@ -64,6 +65,7 @@ def write_messages(
                 pa.array(np.full(n, topic_version + offset // rows_per_commit, dtype=np.int64)),
                 pa.nulls(n, _TS),
                 pa.nulls(n, pa.string()),
+                pa.nulls(n, HEADERS_TYPE),
             ],
             schema=CHANNEL_MESSAGES_SCHEMA,
         )

@@ -24,6 +24,7 @@ from queue_engine.channel_queue import Answer, Delivery
 from queue_engine.channels import Channels
 from queue_engine.cluster import Membership
 from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.headers import Headers
 from queue_engine.names import path_segment
 from queue_engine.node_registry import NodeRegistry
 from queue_engine.registry import Action, Registry
@@ -275,10 +276,11 @@ class Broker:
         bodies: list[bytes],
         defer_ms: int | None = None,
         ttl_ms: int | None = None,
+        headers: list[Headers | None] | None = None,
     ) -> None:
         """Append ``bodies`` to ``topic`` (created if needed); return once acknowledged
-        (queue_engine.topics.Topics.start_publish)."""
-        await (await self.topics.start_publish(topic, bodies, defer_ms, ttl_ms))
+        (queue_engine.topics.Topics.start_publish). ``headers``: one entry per body."""
+        await (await self.topics.start_publish(topic, bodies, defer_ms, ttl_ms, headers))
 
     async def start_publish(
         self, topic: str, bodies: list[bytes], defer_ms: int | None = None

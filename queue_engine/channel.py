@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from queue_engine.channel_queue import ChannelQueue, Delivery
-from queue_engine.channel_restore import add_rows, expires_at, restore_channel
+from queue_engine.channel_restore import add_rows, expires_at, headers_of, restore_channel
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.lease import EventKind, LeaseEvent
 from queue_engine.shares import lane_of
@@ -40,7 +40,10 @@ from queue_engine.store.tables import (
 
 # What a body lookup needs of a row (the channel table's and the dead-letter table's).
 _BODY_SCHEMA = pa.schema(
-    [CHANNEL_MESSAGES_SCHEMA.field(c) for c in ("id", "body", "published_at", "expires_at")]
+    [
+        CHANNEL_MESSAGES_SCHEMA.field(c)
+        for c in ("id", "body", "published_at", "expires_at", "headers")
+    ]
 )
 
 log = logging.getLogger(__name__)
@@ -395,6 +398,7 @@ class ChannelRuntime:
                 bodies["body"].to_pylist(),
                 bodies["published_at"].cast(pa.int64()).to_pylist(),
                 expires_at(bodies),
+                headers_of(bodies),
             )
             done = self._submit(events)
         await done
@@ -476,6 +480,7 @@ class ChannelRuntime:
                         table["body"].to_pylist(),
                         table["published_at"].cast(pa.int64()).to_pylist(),
                         expires_at(table),
+                        headers_of(table),
                     )
                     await self.wake()
                 # Rows not found are not asked for again until a SUB passes over them anew.

@@ -19,7 +19,12 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
+from queue_engine.headers import Headers
 from queue_engine.lease import FRESH, EventKind, LeaseEvent, MessageState, apply, initial
+
+# What the queue holds of a loaded row: body, published_at (µs), its own expiry (µs; None: the
+# TTL's), headers.
+Loaded = tuple[bytes, int, int | None, Headers | None]
 
 
 class Delivery(NamedTuple):
@@ -30,6 +35,7 @@ class Delivery(NamedTuple):
     published_at_us: int
     body: bytes
     lease: str
+    headers: Headers | None = None
 
 
 class DeadLetter(NamedTuple):
@@ -45,6 +51,7 @@ class DeadLetter(NamedTuple):
     dead_at_us: int
     # Its own expiry (/pub?ttl_ms=), None: the topic's TTL applies.
     expires_at_us: int | None = None
+    headers: Headers | None = None
 
 
 class Answer(NamedTuple):
@@ -90,8 +97,9 @@ class ChannelQueue:
 
     def __init__(self) -> None:
         self.states: dict[str, MessageState] = {}
-        # Loaded rows: body, published_at and the message's own expiry (µs; None: the TTL's).
-        self._bodies: dict[str, tuple[bytes, int, int | None]] = {}
+        # Loaded rows: body, published_at, the message's own expiry (µs; None: the TTL's) and
+        # its headers.
+        self._bodies: dict[str, Loaded] = {}
         self._ready: deque[str] = deque()
         self._deferred: list[tuple[int, str]] = []
         self._expiries: list[tuple[int, str, int]] = []
@@ -186,6 +194,7 @@ class ChannelQueue:
         now_us: int,
         topic_versions: Sequence[int] | None = None,
         expires_at_us: Sequence[int | None] | None = None,
+        headers: Sequence[Headers | None] | None = None,
     ) -> int:
         """Take message rows read from the channel table; return how many were new.
 
@@ -209,7 +218,12 @@ class ChannelQueue:
             expires = None if expires_at_us is None else expires_at_us[i]
             if expires is not None:
                 self.has_own_expiries = True
-            bodies_of[message_id] = (body, published, expires)
+            bodies_of[message_id] = (
+                body,
+                published,
+                expires,
+                None if headers is None else headers[i],
+            )
             if wanted:
                 wanted.discard(message_id)
             if not known:
@@ -228,17 +242,19 @@ class ChannelQueue:
         bodies: Sequence[bytes],
         published_at_us: Sequence[int],
         expires_at_us: Sequence[int | None] | None = None,
+        headers: Sequence[Headers | None] | None = None,
     ) -> int:
         """Bodies looked up by id: only for messages still live (one FIN'd meanwhile must
         not come back as a new message). Returns how many were attached."""
         attached = 0
         expiries = [None] * len(ids) if expires_at_us is None else expires_at_us
-        for message_id, body, published, expires in zip(
-            ids, bodies, published_at_us, expiries, strict=True
+        headers_of = [None] * len(ids) if headers is None else headers
+        for message_id, body, published, expires, found in zip(
+            ids, bodies, published_at_us, expiries, headers_of, strict=True
         ):
             if message_id in self.states and message_id not in self.dead:
                 self.has_own_expiries = self.has_own_expiries or expires is not None
-                self._bodies[message_id] = (body, published, expires)
+                self._bodies[message_id] = (body, published, expires, found)
                 self.body_wanted.discard(message_id)
                 attached += 1
         return attached
@@ -340,7 +356,9 @@ class ChannelQueue:
             in_flight.add(message_id)
             push(expiries, (expires_at, message_id, attempt))
             events.append(event)
-            deliveries.append(new(Delivery, (message_id, attempt, body[1], body[0], lease)))
+            deliveries.append(
+                new(Delivery, (message_id, attempt, body[1], body[0], lease, body[3]))
+            )
         self._ready.extendleft(reversed(skipped))
         self.body_wanted.update(skipped)
         return deliveries, events
@@ -393,15 +411,13 @@ class ChannelQueue:
         self._ready.clear()
         return events
 
-    def _expiry(self, body: tuple[bytes, int, int | None]) -> int | None:
+    def _expiry(self, body: Loaded) -> int | None:
         """When a loaded message expires (µs): its own expiry, else the topic TTL's."""
         if body[2] is not None:
             return body[2]
         return body[1] + self.ttl_us if self.ttl_us else None
 
-    def _expire(
-        self, message_id: str, state: MessageState, body: tuple[bytes, int, int | None], at: int
-    ) -> LeaseEvent:
+    def _expire(self, message_id: str, state: MessageState, body: Loaded, at: int) -> LeaseEvent:
         """A ready message past its TTL: an EXPIRE event, or dead-lettered (expired_dead)."""
         self.expired_count += 1
         if self.expired_dead:
@@ -414,7 +430,7 @@ class ChannelQueue:
         self,
         message_id: str,
         state: MessageState,
-        body: tuple[bytes, int, int | None],
+        body: Loaded,
         at: int,
         cause: EventKind | None = None,
     ) -> LeaseEvent:
@@ -435,6 +451,7 @@ class ChannelQueue:
                 else EventKind.REQ.value,
                 at,
                 body[2],
+                body[3],
             )
         )
         self._set(message_id, apply(state, event), at)

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from queue_engine.channel_queue import ChannelQueue
+from queue_engine.headers import Headers
 from queue_engine.lease import FRESH, LeaseEvent, fold
 from queue_engine.shares import ALL_LANES, keep_lanes, lane_of
 from queue_engine.store.delta import repair_once
@@ -164,7 +165,18 @@ def add_rows(queue: ChannelQueue, table: pa.Table, now: int) -> int:
         now,
         versions,
         expires_at(table),
+        headers_of(table),
     )
+
+
+def headers_of(table: pa.Table) -> list[Headers | None] | None:
+    """The rows' headers as dicts (None: no row has any, or a table from before them)."""
+    if "headers" not in table.column_names:
+        return None
+    column = table["headers"]
+    if column.null_count == len(column):
+        return None
+    return [None if pairs is None else dict(pairs) for pairs in column.to_pylist()]
 
 
 def expires_at(table: pa.Table) -> list[int | None] | None:

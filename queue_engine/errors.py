@@ -29,6 +29,10 @@ class ErrorCode(StrEnum):
     BAD_BODY = "BAD_BODY"
     BAD_MESSAGE = "BAD_MESSAGE"
     INVALID_DEFER = "INVALID_DEFER"
+    # deltaq: an ``envelope=json`` body that is not an envelope (queue_engine.headers).
+    INVALID_ENVELOPE = "INVALID_ENVELOPE"
+    # deltaq: headers over a limit, or not strings (queue_engine.headers).
+    INVALID_HEADERS = "INVALID_HEADERS"
     # deltaq: a channel's max_attempts outside 1..65535 (or "default").
     INVALID_MAX_ATTEMPTS = "INVALID_MAX_ATTEMPTS"
     # deltaq: a topic's ttl_ms outside 1..MAX_TTL_MS (or "default").

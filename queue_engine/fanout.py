@@ -22,6 +22,7 @@ CHANNEL_COLUMNS = (
     "topic_version",
     "expires_at",
     "replay_of",
+    "headers",
 )
 # How the fanout job writes channel rows (``deltaq fanout --channel-writes``): see
 # queue_engine.spark.fanout_stream.

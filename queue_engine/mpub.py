@@ -9,12 +9,12 @@ from queue_engine.errors import ErrorCode, QueueError
 _U32 = struct.Struct(">i")
 
 
-def check_single(body: bytes, max_msg_size: int) -> bytes:
-    """A /pub body: non-empty and at most ``max_msg_size`` bytes."""
+def check_single(body: bytes, max_msg_size: int, where: str = "") -> bytes:
+    """A /pub body: non-empty and at most ``max_msg_size`` bytes (``where``: which one)."""
     if len(body) > max_msg_size:
-        raise QueueError(ErrorCode.MSG_TOO_BIG, f"{len(body)} > {max_msg_size}")
+        raise QueueError(ErrorCode.MSG_TOO_BIG, f"{where}{len(body)} > {max_msg_size}")
     if not body:
-        raise QueueError(ErrorCode.MSG_EMPTY)
+        raise QueueError(ErrorCode.MSG_EMPTY, where.removesuffix(": "))
     return body
 
 

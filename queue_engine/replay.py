@@ -60,6 +60,8 @@ class ReplayRows:
     last_version: int
     ids: pa.Array
     bodies: pa.Array
+    # The copies keep their originals' headers (None: an empty range).
+    headers: pa.Array | None = None
 
 
 def app_id(channel: str, replay_id: str) -> str:
@@ -136,7 +138,9 @@ def read_range(path: str, channel: str, first: int, last: int, limit: int) -> Re
     if expected == 0 or not any(f.min_id and f.max_id for f in files):
         return empty
     dataset = read_dataset(path)
-    rows = dataset.to_table(columns=["id", "body", "to_channel"], filter=_id_filter(files))
+    rows = dataset.to_table(
+        columns=["id", "body", "to_channel", "headers"], filter=_id_filter(files)
+    )
     if rows.num_rows < expected:
         raise QueueError(
             ErrorCode.RANGE_REMOVED,
@@ -144,7 +148,13 @@ def read_range(path: str, channel: str, first: int, last: int, limit: int) -> Re
             f"versions {first}..{last}",
         )
     rows = rows.filter(for_channel(rows["to_channel"], channel)).sort_by("id")
-    return ReplayRows(first, last, rows["id"].combine_chunks(), rows["body"].combine_chunks())
+    return ReplayRows(
+        first,
+        last,
+        rows["id"].combine_chunks(),
+        rows["body"].combine_chunks(),
+        rows["headers"].combine_chunks(),
+    )
 
 
 def _id_filter(files: list[AddedFile]) -> pc.Expression:
@@ -220,7 +230,9 @@ def run_replay(
     if len(rows.ids) == 0:
         return ReplayResult(replay_id, first, last, 0, False)
     try:
-        version = writer.commit_copies(rows.bodies, rows.ids, channel, app_id(channel, replay_id))
+        version = writer.commit_copies(
+            rows.bodies, rows.ids, channel, app_id(channel, replay_id), rows.headers
+        )
     except Exception as exc:
         raise QueueError(ErrorCode.E_COMMIT_FAILED, f"replay {replay_id}: {exc}") from exc
     repeated = version is None

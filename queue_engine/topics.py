@@ -19,6 +19,7 @@ from typing import Any
 
 from queue_engine.acks import Acks
 from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.headers import Headers
 from queue_engine.metrics import PUBLISH_SECONDS
 from queue_engine.node_registry import NodeRegistry
 from queue_engine.registry import Action, TopicInfo
@@ -224,13 +225,14 @@ class Topics:
         bodies: list[bytes],
         defer_ms: int | None = None,
         ttl_ms: int | None = None,
+        headers: list[Headers | None] | None = None,
     ) -> asyncio.Future[None]:
         """Start appending ``bodies`` to ``topic`` (created if needed); the future is done
         once they are acknowledged. Only creating the topic waits: publishes started one after
         the other reach the journal (and their topic) in that order.
 
         ``ttl_ms``: the messages are not delivered that long after publishing (it replaces the
-        topic's TTL for them).
+        topic's TTL for them). ``headers``: one entry per body (None: no message has any).
 
         With ``ack = "journal"`` acknowledged means in the node journal; with ``"commit"``,
         in the topic's Delta commit; with ``"buffer"``, queued for the next commit (unless the
@@ -253,7 +255,9 @@ class Topics:
         journal = self.journal
         if mode is AckMode.JOURNAL and journal is not None and not backlog and not writer.validates:
             try:
-                journal.append(topic, bodies, published_at_us, deliver_at_us, expires_at_us, done)
+                journal.append(
+                    topic, bodies, published_at_us, deliver_at_us, expires_at_us, done, headers
+                )
             except JournalClosedError as exc:
                 raise QueueError(ErrorCode.EXITING, str(exc)) from exc
             return done
@@ -262,7 +266,12 @@ class Topics:
         wait = mode is not AckMode.BUFFER or backlog
         try:
             writer.submit_publish(
-                bodies, published_at_us, deliver_at_us, done if wait else None, expires_at_us
+                bodies,
+                published_at_us,
+                deliver_at_us,
+                done if wait else None,
+                expires_at_us,
+                headers=headers,
             )
         except WriterClosedError as exc:
             raise QueueError(ErrorCode.EXITING, str(exc)) from exc
@@ -345,6 +354,7 @@ class Topics:
                         _Journaled(record.position),
                         record.expires_at_us,
                         position=record.position,
+                        headers=record.headers,
                     )
                 except WriterClosedError:
                     # Deleted since (dropped with its topic, as nsqd drops them); or the node

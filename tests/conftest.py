@@ -17,7 +17,13 @@ import httpx
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from hypothesis import settings
 from pyspark.sql import SparkSession
+
+# Property tests hold behaviour, not speed: no per-example deadline (on two loaded cores a
+# slow example is the machine, not the code; speed is measured under bench/).
+settings.register_profile("deltaq", deadline=None)
+settings.load_profile("deltaq")
 
 HOST = "127.0.0.1"
 ROOT = Path(__file__).resolve().parent.parent

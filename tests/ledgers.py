@@ -11,6 +11,7 @@ from queue_engine.lease import EventKind, LeaseEvent, MessageState, apply, initi
 from queue_engine.state_fold import FINISHED, sweep_timeout
 from queue_engine.store.tables import (
     CHANNEL_MESSAGES_SCHEMA,
+    HEADERS_TYPE,
     STATE_SCHEMA,
     columns_as_lists,
     events_to_arrow,
@@ -40,6 +41,7 @@ class Channel:
                 pa.array(list(range(n)), pa.int64()),
                 pa.nulls(n, _TS),
                 pa.nulls(n, pa.string()),
+                pa.nulls(n, HEADERS_TYPE),
             ],
             schema=CHANNEL_MESSAGES_SCHEMA,
         )

@@ -204,7 +204,7 @@ WITH deaths AS (
   GROUP BY d.topic, d.channel, d.id, d.dead_at
 )
 SELECT d.topic, d.channel, d.id, d.body, d.published_at, d.attempts, d.last_consumer,
-  d.last_event, d.dead_at, s.redriven_at
+  d.last_event, d.dead_at, s.redriven_at, d.headers
 FROM _deltaq_dead d
 JOIN deaths s
   ON s.topic = d.topic AND s.channel = d.channel AND s.id = d.id AND s.dead_at = d.dead_at

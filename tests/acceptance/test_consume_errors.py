@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, Warehouse
+from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, HEADERS_TYPE, Warehouse
 from tests.conftest import Server
 from tests.consumers import answer, body, channel_stats, create_channel, sub
 
@@ -127,6 +127,7 @@ def test_sub_fin_req_touch_round_trip(client: httpx.Client, shared_server: Serve
             pa.array([0], pa.int64()),
             pa.nulls(1, pa.timestamp("us", tz="UTC")),
             pa.nulls(1, pa.string()),
+            pa.nulls(1, HEADERS_TYPE),
         ],
         schema=CHANNEL_MESSAGES_SCHEMA,
     )

@@ -123,9 +123,9 @@ def test_deliver_at_and_mixed_batches(tmp_path: Path) -> None:
 def test_a_table_from_before_the_later_columns_gains_them_and_old_rows_read_null(
     tmp_path: Path, fast: bool
 ) -> None:
-    """Tables written before expires_at, to_channel and replay_of: the writers add them when
-    they open them; old files read them as null through every reader (Delta, the channel
-    reader, the Spark source's file reads)."""
+    """Tables written before expires_at, to_channel, replay_of and headers: the writers add
+    them when they open them; old files read them as null through every reader (Delta, the
+    channel reader, the Spark source's file reads)."""
     ts = pa.timestamp("us", "UTC")
     # The first release's columns; the later ones (expires_at, to_channel, replay_of) come last.
     old_topic = pa.schema(list(TOPIC_SCHEMA)[:4])
@@ -143,7 +143,7 @@ def test_a_table_from_before_the_later_columns_gains_them_and_old_rows_read_null
     results = Results()
     writer = TopicWriter(topic, results, commit_max_bytes=1 << 20, fast_appends=fast)
     t0 = now_us()
-    writer.submit_publish([b"new"], t0, None, "a", t0 + 2_000_000)
+    writer.submit_publish([b"new"], t0, None, "a", t0 + 2_000_000, headers=[{"k": "v"}])
     results.wait(1)
     writer.close()
     assert results.done["a"] is None
@@ -151,6 +151,7 @@ def test_a_table_from_before_the_later_columns_gains_them_and_old_rows_read_null
     assert pa.schema(dt.schema().to_arrow()).names == TOPIC_SCHEMA.names
     rows = {r["body"]: r for r in dt.to_pyarrow_table().to_pylist()}
     assert rows[b"old"]["expires_at"] is None
+    assert (rows[b"old"]["headers"], rows[b"new"]["headers"]) == (None, [("k", "v")])
     assert (rows[b"new"]["expires_at"] - rows[b"new"]["published_at"]).total_seconds() == 2.0
 
     new = conform(
@@ -170,6 +171,8 @@ def test_a_table_from_before_the_later_columns_gains_them_and_old_rows_read_null
     read = pa.concat_tables(tables)
     expiries = dict(zip(read["body"].to_pylist(), read["expires_at"].to_pylist(), strict=True))
     assert expiries[b"old"] is None and expiries[b"new"] == rows[b"new"]["expires_at"]
+    headers = dict(zip(read["body"].to_pylist(), read["headers"].to_pylist(), strict=True))
+    assert headers == {b"old": None, b"new": [("k", "v")]}
     both = ChannelReader.read_ids(paths, ["0000000000000001", new["id"][0].as_py()])
     assert sorted(both["expires_at"].to_pylist(), key=str) == sorted(
         [None, rows[b"new"]["expires_at"]], key=str

@@ -19,7 +19,7 @@ from queue_engine.store.delta import (
     open_or_create,
     repair,
 )
-from queue_engine.store.tables import TOPIC_SCHEMA
+from queue_engine.store.tables import HEADERS_TYPE, TOPIC_SCHEMA
 
 
 def _rows(n: int, start: int = 0) -> pa.Table:
@@ -32,6 +32,7 @@ def _rows(n: int, start: int = 0) -> pa.Table:
             "expires_at": pa.nulls(n, pa.timestamp("us", tz="UTC")),
             "to_channel": pa.nulls(n, pa.string()),
             "replay_of": pa.nulls(n, pa.string()),
+            "headers": pa.nulls(n, HEADERS_TYPE),
         },
         schema=TOPIC_SCHEMA,
     )

@@ -74,7 +74,12 @@ def test_delta_spark_reads_every_table_deltaq_writes(
     # A channel whose messages die after one attempt: its dead-letter table.
     params = {"topic": "t", "channel": "dl", "max_attempts": "1"}
     assert c.post("/channel/create", params=params).is_success
-    assert c.post("/mpub", params={"topic": "t"}, content=b"d1\nd2").text == "OK"
+    # Published with headers (a map column of the topic, channel and dead-letter tables).
+    lines = (
+        b'{"body": "d1", "headers": {"region": "eu"}}\n{"body": "d2", "headers": {"region": "us"}}'
+    )
+    r = c.post("/mpub", params={"topic": "t", "envelope": "json"}, content=lines)
+    assert r.text == "OK"
     run_once(delta, wh)
     messages = sub(c, "t", "c", max=10, wait_ms=5000)
     assert messages
@@ -119,6 +124,13 @@ def test_delta_spark_reads_every_table_deltaq_writes(
     assert "deltaq_conformance.channel_t__dl_dead" in named
     topic_t = delta.table("deltaq_conformance.topic_t")
     assert topic_t.filter("replay_of IS NOT NULL").count() == 32
+    # Headers by name in SQL: the originals and their replayed copies, and the dead letters.
+    regions = delta.sql(
+        "SELECT headers['region'] AS r FROM deltaq_conformance.topic_t WHERE headers IS NOT NULL"
+    )
+    assert sorted(row.r for row in regions.collect()) == ["eu", "eu", "us", "us"]
+    dead = delta.sql("SELECT headers['region'] AS r FROM deltaq_conformance.channel_t__dl_dead")
+    assert sorted(row.r for row in dead.collect()) == ["eu", "us"]
     # History and time travel by version and by timestamp.
     history = delta.sql(f"DESCRIBE HISTORY delta.`{topic}`").collect()
     assert len(history) == DeltaTable(topic).version() + 1

@@ -123,7 +123,19 @@ def test_fanout_rules(
     post("/channel/create", topic="n", channel="late")  # first channel: gets the buffered n0
     post("/channel/create", topic="a", channel="c3")
     pub("a", "a4")
+    # Headers go along with their message on every path.
+    r = c.post(
+        "/pub",
+        params={"topic": "e", "envelope": "json"},
+        content=json.dumps({"body": "e2", "headers": {"region": "eu"}}).encode(),
+    )
+    assert r.text == "OK"
     run_once(spark, wh, channel_format)
+    rows = DeltaTable(str(wh / "channels" / "e" / "first" / "messages")).to_pyarrow_table()
+    assert sorted(zip(rows["body"].to_pylist(), rows["headers"].to_pylist(), strict=True)) == [
+        (b"e1", None),
+        (b"e2", [("region", "eu")]),
+    ]
     assert channel_bodies(wh, "b", "b1") == [b"b0"]
     assert channel_bodies(wh, "a", "c1") == [b"a0", b"a1", b"a1b", b"a2", b"a3", b"a4"]
     assert not (wh / "channels" / "a" / "c2").exists()  # deleted channels receive nothing

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from queue_engine.errors import storage_cause
+from queue_engine.headers import Headers
 from queue_engine.storage_health import STORAGE
 from queue_engine.store.journal.records import Record, decode, encode
 from queue_engine.store.storage.files import delete_tree
@@ -190,6 +191,7 @@ class Journal:
         deliver_at_us: int | None,
         expires_at_us: int | None,
         token: Any,
+        headers: list[Headers | None] | None = None,
     ) -> None:
         """Queue a publish for the next write; ``token`` comes back through ``on_durable``."""
         with self._cond:
@@ -197,7 +199,13 @@ class Journal:
                 raise JournalClosedError(self.path)
             self._position = max(self._position + 1, time.time_ns() // 1000)
             record = Record(
-                self._position, topic, published_at_us, deliver_at_us, expires_at_us, bodies
+                self._position,
+                topic,
+                published_at_us,
+                deliver_at_us,
+                expires_at_us,
+                bodies,
+                headers,
             )
             self._pending.append((record, encode(record), token))
             self._cond.notify()

@@ -2,7 +2,10 @@
 
 A frame is ``length (u32) | crc32 of the payload (u32) | payload``; the payload is the record's
 position (u64), its topic, its timestamps and its bodies (their lengths first, then the bytes,
-so that reading many bodies is one slice each). Integers are big-endian, as NSQ's wire.
+so that reading many bodies is one slice each). Integers are big-endian, as NSQ's wire. A
+publish whose messages carry headers has the top bit of its body count set, and their headers
+(queue_engine.headers, one entry per message) follow the bodies to the frame's end; frames
+written before headers existed read as they always did.
 
 A crash can leave the last frame of a journal file torn (short) or, with a disk that reorders
 writes, garbled: ``decode`` stops at the first frame that is short or fails its checksum and
@@ -20,10 +23,15 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from queue_engine.headers import Headers, decode_all, encode_all
+
 _FRAME = struct.Struct(">II")
 # position, published_at_us, deliver_at_us, expires_at_us (-1: none), topic length, bodies.
 _HEAD = struct.Struct(">QqqqHI")
 NONE = -1
+# The body count's top bit: headers follow the bodies (a count never reaches it: a frame holds
+# at most a request's bytes).
+_WITH_HEADERS = 0x8000_0000
 
 
 @dataclass(slots=True)
@@ -34,6 +42,8 @@ class Record:
     deliver_at_us: int | None
     expires_at_us: int | None
     bodies: list[bytes]
+    # One entry per body (None: no message of the publish has headers).
+    headers: list[Headers | None] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -43,6 +53,8 @@ class Record:
 def encode(record: Record) -> bytes:
     topic = record.topic.encode()
     bodies = record.bodies
+    headers = b"" if record.headers is None else encode_all(record.headers)
+    count = len(bodies) | (_WITH_HEADERS if headers else 0)
     payload = b"".join(
         (
             _HEAD.pack(
@@ -51,11 +63,12 @@ def encode(record: Record) -> bytes:
                 NONE if record.deliver_at_us is None else record.deliver_at_us,
                 NONE if record.expires_at_us is None else record.expires_at_us,
                 len(topic),
-                len(bodies),
+                count,
             ),
             topic,
             _lengths(bodies),
             *bodies,
+            headers,
         )
     )
     return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
@@ -107,13 +120,19 @@ def decode(data: bytes) -> Decoded:
 
 def _record(payload: memoryview) -> Record:
     position, published, deliver, expires, topic_len, count = _HEAD.unpack_from(payload, 0)
+    with_headers = bool(count & _WITH_HEADERS)
+    count &= ~_WITH_HEADERS
     at = _HEAD.size
     topic = bytes(payload[at : at + topic_len]).decode()
     at += topic_len
     lengths = struct.unpack_from(f">{count}I", payload, at)
     at += 4 * count
     ends = list(itertools.accumulate(lengths, initial=at))
-    if count and ends[-1] != len(payload):
+    if with_headers:
+        headers = decode_all(payload[ends[-1] :])
+        if len(headers) != count:
+            raise ValueError("headers do not match the bodies")
+    elif count and ends[-1] != len(payload):
         raise ValueError("body lengths do not add up to the frame")
     raw = bytes(payload)
     bodies = [raw[s:e] for s, e in itertools.pairwise(ends)]
@@ -124,4 +143,5 @@ def _record(payload: memoryview) -> Record:
         None if deliver == NONE else deliver,
         None if expires == NONE else expires,
         bodies,
+        headers if with_headers else None,
     )

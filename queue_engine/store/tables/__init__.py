@@ -72,6 +72,7 @@ from queue_engine.store.tables.registry import (
 from queue_engine.store.tables.schemas import (
     CHANNEL_MESSAGES_SCHEMA,
     DEAD_LETTER_SCHEMA,
+    HEADERS_TYPE,
     LEDGER_SCHEMA,
     REGISTRY_SCHEMA,
     TOPIC_SCHEMA,
@@ -98,6 +99,7 @@ __all__ = [
     "COLUMNS",
     "DEAD_LETTER_SCHEMA",
     "EVENT_BYTES",
+    "HEADERS_TYPE",
     "KEEP_BATCHES",
     "KEEP_CHANNELS",
     "LEDGER_SCHEMA",

@@ -29,7 +29,7 @@ from queue_engine.store.delta.open_table import conform
 from queue_engine.store.storage.files import filesystem, parquet_dataset
 from queue_engine.store.tables.schemas import CHANNEL_MESSAGES_SCHEMA
 
-COLUMNS = ["id", "body", "published_at", "deliver_at", "topic_version", "expires_at"]
+COLUMNS = ["id", "body", "published_at", "deliver_at", "topic_version", "expires_at", "headers"]
 _SCHEMA = pa.schema([CHANNEL_MESSAGES_SCHEMA.field(c) for c in COLUMNS])
 # Bytes read from a channel file at a time while its rows are taken in windows.
 READ_BUFFER_BYTES = 1 << 20

@@ -18,13 +18,13 @@ from deltalake import DeltaTable
 from queue_engine.channel_queue import DeadLetter
 from queue_engine.store.delta.append import Appender, append_or_fall_back, appender_for
 from queue_engine.store.delta.open_table import open_or_create
-from queue_engine.store.tables.schemas import DEAD_LETTER_SCHEMA
+from queue_engine.store.tables.schemas import DEAD_LETTER_SCHEMA, HEADERS_TYPE
 
 _TS = pa.timestamp("us", tz="UTC")
 
 
 def letters_to_arrow(letters: Sequence[DeadLetter]) -> pa.Table:
-    ids, bodies, published, attempts, consumers, last_events, dead_at, expires = zip(
+    ids, bodies, published, attempts, consumers, last_events, dead_at, expires, headers = zip(
         *letters, strict=True
     )
     return pa.Table.from_arrays(
@@ -37,6 +37,7 @@ def letters_to_arrow(letters: Sequence[DeadLetter]) -> pa.Table:
             pa.array(last_events, pa.string()),
             pa.array(dead_at, _TS),
             pa.array(expires, _TS),
+            pa.array(headers, HEADERS_TYPE),
         ],
         schema=DEAD_LETTER_SCHEMA,
     )

@@ -18,10 +18,13 @@ _EXPIRES_AT = pa.field("expires_at", _TS, nullable=True)
 _REPLAY_OF = pa.field("replay_of", pa.string(), nullable=True)
 # A replay's copy goes to one channel only (null: every channel, as any published message).
 _TO_CHANNEL = pa.field("to_channel", pa.string(), nullable=True)
+# The message's headers (queue_engine.headers; null: none). SQL reads them as headers['name'].
+HEADERS_TYPE = pa.map_(pa.string(), pa.string())
+_HEADERS = pa.field("headers", HEADERS_TYPE, nullable=True)
 
 # topics/<t>: one row per published message (and per replayed copy), append-only.
 TOPIC_SCHEMA = pa.schema(
-    [_ID, _BODY, _PUBLISHED_AT, _DELIVER_AT, _EXPIRES_AT, _TO_CHANNEL, _REPLAY_OF]
+    [_ID, _BODY, _PUBLISHED_AT, _DELIVER_AT, _EXPIRES_AT, _TO_CHANNEL, _REPLAY_OF, _HEADERS]
 )
 
 # channels/<t>/<c>/messages: the topic's rows each channel receives, with the topic version
@@ -35,6 +38,7 @@ CHANNEL_MESSAGES_SCHEMA = pa.schema(
         pa.field("topic_version", pa.int64(), nullable=False),
         _EXPIRES_AT,
         _REPLAY_OF,
+        _HEADERS,
     ]
 )
 
@@ -67,6 +71,7 @@ DEAD_LETTER_SCHEMA = pa.schema(
         pa.field("dead_at", _TS, nullable=False),
         # The message's own expiry, kept so a redriven message keeps it.
         _EXPIRES_AT,
+        _HEADERS,
     ]
 )
 

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.transaction import Transaction
 
+from queue_engine.headers import Headers
 from queue_engine.message import LANES, IdAllocator, id_from_hex
 from queue_engine.metrics import TOPIC_COMMIT_SECONDS
 from queue_engine.store.delta.append import DeltaRsAppender
@@ -25,7 +26,7 @@ from queue_engine.store.delta.group_commit import GroupCommitter, Notify, Writer
 from queue_engine.store.delta.open_table import open_or_create
 from queue_engine.store.journal.records import Record
 from queue_engine.store.tables.ids import hex_id_array
-from queue_engine.store.tables.schemas import TOPIC_SCHEMA
+from queue_engine.store.tables.schemas import HEADERS_TYPE, TOPIC_SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ class _Publish:
     expires_at_us: int | None = None
     # The publish's position in the node journal (None: not journaled).
     position: int | None = None
+    # One entry per body (None: no message of the publish has headers).
+    headers: list[Headers | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,7 @@ class TopicWriter(GroupCommitter[_Publish]):
         token: Any,
         expires_at_us: int | None = None,
         position: int | None = None,
+        headers: list[Headers | None] | None = None,
     ) -> None:
         """Queue messages for the next commit; ``token`` comes back through ``notify``."""
         nbytes = sum(map(len, bodies))
@@ -118,7 +122,15 @@ class TopicWriter(GroupCommitter[_Publish]):
             self._queued += len(bodies)
         try:
             self.submit(
-                _Publish(bodies, nbytes, published_at_us, deliver_at_us, expires_at_us, position),
+                _Publish(
+                    bodies,
+                    nbytes,
+                    published_at_us,
+                    deliver_at_us,
+                    expires_at_us,
+                    position,
+                    headers,
+                ),
                 nbytes,
                 token,
             )
@@ -161,6 +173,7 @@ class TopicWriter(GroupCommitter[_Publish]):
                         r.deliver_at_us,
                         r.expires_at_us,
                         r.position,
+                        r.headers,
                     )
                     for r in chunk
                 ]
@@ -207,7 +220,12 @@ class TopicWriter(GroupCommitter[_Publish]):
         return max(0, anchor_count - later)
 
     def commit_copies(
-        self, bodies: pa.Array, replay_of: pa.Array, to_channel: str, app_id: str
+        self,
+        bodies: pa.Array,
+        replay_of: pa.Array,
+        to_channel: str,
+        app_id: str,
+        headers: pa.Array | None = None,
     ) -> int | None:
         """Append copies of messages (new ids, published now) for one channel in one commit
         of their own that records ``app_id`` as a Delta app transaction; None (nothing
@@ -227,6 +245,7 @@ class TopicWriter(GroupCommitter[_Publish]):
                     pa.nulls(count, _TS),
                     pa.array([to_channel] * count, pa.string()),
                     replay_of.cast(pa.string()),
+                    pa.nulls(count, HEADERS_TYPE) if headers is None else headers,
                 ],
                 schema=TOPIC_SCHEMA,
             )
@@ -281,9 +300,20 @@ def _to_arrow(batch: list[_Publish], first_id: int, count: int) -> pa.Table:
             expires,
             pa.nulls(count, pa.string()),
             pa.nulls(count, pa.string()),
+            _headers(batch, count),
         ],
         schema=TOPIC_SCHEMA,
     )
+
+
+def _headers(batch: list[_Publish], count: int) -> pa.Array:
+    """The headers column: null for every message of a publish without headers."""
+    if all(p.headers is None for p in batch):
+        return pa.nulls(count, HEADERS_TYPE)
+    values: list[Headers | None] = []
+    for p in batch:
+        values.extend(p.headers if p.headers is not None else [None] * len(p.bodies))
+    return pa.array(values, HEADERS_TYPE)
 
 
 def _per_publish(values: list[int | None], run_ends: pa.Array, count: int) -> pa.Array:
