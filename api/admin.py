@@ -7,10 +7,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
-from api.lifecycle import MaxAttempts, parse_max_attempts
+from api.lifecycle import FilterParam, MaxAttempts, parse_max_attempts
 from api.responses import CHANNEL_CODES, error_doc, ok_empty
 from api.state import broker_of
 from queue_engine.broker import Broker
+from queue_engine.channel_filter import compile_filter
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.names import require_topic, require_topic_channel
 
@@ -100,7 +101,10 @@ async def _channel_op(
 @router.post(
     "/channel/create",
     summary="Create a channel; it receives every message published from now on",
-    responses={**_OK, **error_doc(*CHANNEL_CODES, ErrorCode.INVALID_MAX_ATTEMPTS)},
+    responses={
+        **_OK,
+        **error_doc(*CHANNEL_CODES, ErrorCode.INVALID_MAX_ATTEMPTS, ErrorCode.INVALID_FILTER),
+    },
     response_class=Response,
 )
 async def channel_create(
@@ -108,12 +112,17 @@ async def channel_create(
     topic: Topic = None,
     channel: Channel = None,
     max_attempts: MaxAttempts = None,
+    filter: FilterParam = None,
 ) -> Response:
     topic_name, channel_name = require_topic_channel(topic, channel)
     broker = broker_of(request)
     # Checked before anything is created: a refused request changes nothing.
     limit = parse_max_attempts(max_attempts) if max_attempts is not None else None
-    await broker.create_channel(topic_name, channel_name)
+    if filter is not None:
+        compile_filter(filter)
+    if not await broker.create_channel(topic_name, channel_name, filter) and filter is not None:
+        # nsqd's create of an existing channel changes nothing; a filter given is set.
+        await broker.set_channel_filter(topic_name, channel_name, filter)
     if max_attempts is not None:
         await broker.configure_channel(topic_name, channel_name, max_attempts=limit)
     return ok_empty()

@@ -22,6 +22,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from api.responses import CHANNEL_CODES, error_doc, ok_empty, ok_json
 from api.state import broker_of
+from queue_engine.channel_filter import compile_filter
 from queue_engine.channel_queue import SettleError
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.names import require_topic, require_topic_channel
@@ -148,12 +149,25 @@ def parse_retention_hours(value: str) -> float | None:
     return float(value)
 
 
+FilterParam = Annotated[
+    str | None,
+    Query(
+        description=(
+            "A Spark SQL condition over id, replay_of, published_at, deliver_at, expires_at and "
+            "headers['name']: only the messages it holds for enter the channel (e.g. "
+            "`headers['region'] = 'eu'`); /channel/configure takes `default` for none. It "
+            "applies to the messages committed to the topic from then on."
+        )
+    ),
+]
+
+
 @router.post(
     "/channel/configure",
-    summary="Change a channel's max_attempts",
+    summary="Change a channel's max_attempts or filter",
     responses={
         200: {"description": "Done (empty body)"},
-        **error_doc(*CHANNEL_CODES, ErrorCode.INVALID_MAX_ATTEMPTS),
+        **error_doc(*CHANNEL_CODES, ErrorCode.INVALID_MAX_ATTEMPTS, ErrorCode.INVALID_FILTER),
     },
     response_class=Response,
 )
@@ -162,10 +176,19 @@ async def channel_configure(
     topic: Topic = None,
     channel: Channel = None,
     max_attempts: MaxAttempts = None,
+    filter: FilterParam = None,
 ) -> Response:
     topic_name, channel_name = require_topic_channel(topic, channel)
-    limit = parse_max_attempts(max_attempts)
-    await broker_of(request).configure_channel(topic_name, channel_name, max_attempts=limit)
+    # Both checked before either changes.
+    limit = parse_max_attempts(max_attempts) if max_attempts is not None or filter is None else None
+    wanted = None if filter in (None, "default") else filter
+    if wanted is not None:
+        compile_filter(wanted)
+    broker = broker_of(request)
+    if max_attempts is not None or filter is None:
+        await broker.configure_channel(topic_name, channel_name, max_attempts=limit)
+    if filter is not None:
+        await broker.set_channel_filter(topic_name, channel_name, wanted)
     return ok_empty()
 
 

@@ -318,8 +318,14 @@ class Broker:
 
     # -- channels -------------------------------------------------------------------------
 
-    async def create_channel(self, topic: str, channel: str) -> None:
-        await self.channels.create(topic, channel)
+    async def create_channel(
+        self, topic: str, channel: str, filter_text: str | None = None
+    ) -> bool:
+        """Create the channel (with its filter); False if it existed (nothing changed)."""
+        return await self.channels.create(topic, channel, filter_text)
+
+    async def set_channel_filter(self, topic: str, channel: str, filter_text: str | None) -> None:
+        await self.channels.set_filter(topic, channel, filter_text)
 
     async def delete_channel(self, topic: str, channel: str) -> None:
         await self.channels.delete(topic, channel)

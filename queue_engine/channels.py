@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from queue_engine.acks import Acks
 from queue_engine.channel import ChannelRuntime
@@ -259,23 +260,31 @@ class Channels:
 
     # -- admin ----------------------------------------------------------------------------
 
-    async def create(self, topic: str, channel: str) -> None:
+    async def create(self, topic: str, channel: str, filter_text: str | None = None) -> bool:
         """Create ``channel``: it receives every message committed to ``topic`` from now on
-        (and, if it is the topic's only channel, what the topic buffered before it)."""
+        (and, if it is the topic's only channel, what the topic buffered before it); with
+        ``filter_text``, only those it matches (queue_engine.channel_filter), from its first
+        message on. False if the channel existed (nothing changed)."""
         nr = self._registry
         async with nr.admin:
             known = nr.registry.topics.get(topic)
             await nr.reload_if_moved(known is None or channel not in known.channels)
             info = nr.registry.existing_topic(topic)
             if channel in info.channels:
-                return
+                return False
             cap = self.settings.max_channels_per_topic
             if cap and len(info.channels) >= cap:
                 raise QueueError(
                     ErrorCode.E_TOO_MANY_CHANNELS, f"{cap} channels (max_channels_per_topic)"
                 )
-            await self._record_at_topic_version(Action.CHANNEL_CREATE, topic, channel)
+            await self._record_at_topic_version(
+                Action.CHANNEL_CREATE,
+                topic,
+                channel,
+                None if filter_text is None else {"filter": filter_text},
+            )
             await self.open_if_ours(topic, channel)
+        return True
 
     async def delete(self, topic: str, channel: str) -> None:
         # On the channel's node: only its owner may stop it and remove its tables.
@@ -287,7 +296,9 @@ class Channels:
             await asyncio.to_thread(delete_tree, self.warehouse.channel_root(topic, channel))
             await asyncio.to_thread(self._cluster.forget, topic, channel)
 
-    async def _record_at_topic_version(self, action: Action, topic: str, channel: str) -> None:
+    async def _record_at_topic_version(
+        self, action: Action, topic: str, channel: str, options: dict[str, Any] | None = None
+    ) -> None:
         """Record a channel event stamped with the topic version, with no topic commit between
         reading that version and committing the event.
 
@@ -318,6 +329,7 @@ class Channels:
                     channel,
                     topic_version=start,
                     topic_messages=writer.stats().message_count,
+                    options=options,
                 )
                 nr.store.append(event)
                 return event
@@ -349,6 +361,18 @@ class Channels:
         runtime = self._open.get((topic, channel))
         if runtime is not None:
             runtime.set_max_attempts(self.max_attempts(topic, channel))
+
+    async def set_filter(self, topic: str, channel: str, filter_text: str | None) -> None:
+        """The channel's filter for the messages committed from now on (None: every message).
+        Recorded at the topic's version, as a channel's creation: the fanout routes each row
+        by the filter of its version, whenever it gets to it (a replayed batch as the first)."""
+        await self.runtime(topic, channel)
+        async with self._registry.admin:
+            info = self._registry.registry.existing_channel(topic, channel)
+            if info.filter != filter_text:
+                await self._record_at_topic_version(
+                    Action.CHANNEL_CONFIGURE, topic, channel, {"filter": filter_text}
+                )
 
     def apply_settings(self, topic: str) -> None:
         """The topic's settings changed: its channels here follow."""
@@ -447,14 +471,21 @@ class Channels:
 
     def stats(self, topic: str, channel: str, paused: bool) -> ChannelStats:
         runtime = self._open.get((topic, channel))
+        known = self._registry.registry.topics.get(topic)
+        info = None if known is None else known.channels.get(channel)
+        filter_text = None if info is None else info.filter
         if runtime is None:
             return ChannelStats(
-                name=channel, paused=paused, node=self._cluster.served_elsewhere(topic, channel)
+                name=channel,
+                paused=paused,
+                node=self._cluster.served_elsewhere(topic, channel),
+                filter=filter_text,
             )
         counts = runtime.counts()
         return ChannelStats(
             name=channel,
             paused=paused,
+            filter=filter_text,
             depth=counts.depth,
             in_flight_count=counts.in_flight_count,
             deferred_count=counts.deferred_count,

@@ -33,6 +33,8 @@ class ErrorCode(StrEnum):
     INVALID_ENVELOPE = "INVALID_ENVELOPE"
     # deltaq: headers over a limit, or not strings (queue_engine.headers).
     INVALID_HEADERS = "INVALID_HEADERS"
+    # deltaq: a channel filter that does not parse or is not taken (queue_engine.channel_filter).
+    INVALID_FILTER = "INVALID_FILTER"
     # deltaq: a channel's max_attempts outside 1..65535 (or "default").
     INVALID_MAX_ATTEMPTS = "INVALID_MAX_ATTEMPTS"
     # deltaq: a topic's ttl_ms outside 1..MAX_TTL_MS (or "default").

@@ -3,8 +3,9 @@
 A channel receives the rows of its topic committed after the channel's start version (the
 topic version when it was created; for a topic's only channel, the version up to which the
 topic had been drained or emptied), except a replay's copies for another channel (rows whose
-``to_channel`` names one). The same registry and rows always give the same answer,
-so a replayed fanout batch routes exactly as the first attempt did.
+``to_channel`` names one), and of those only the rows its filter holds for, each row by the
+filter of its topic version (queue_engine.channel_filter). The same registry and rows always
+give the same answer, so a replayed fanout batch routes exactly as the first attempt did.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from queue_engine.channel_filter import compile_filter
 from queue_engine.registry import ChannelInfo, Registry
 
 CHANNEL_COLUMNS = (
@@ -45,6 +47,48 @@ def for_channel(to_channel: pa.ChunkedArray | pa.Array, name: str) -> pa.Array:
     return pc.or_kleene(pc.is_null(to_channel), pc.equal(to_channel, name))
 
 
+def _segments(channel: ChannelInfo) -> list[tuple[int, int | None, str | None]]:
+    """(after version, through version or None, filter or None) for each of the channel's
+    filters, and first the rows from before any: unfiltered."""
+    filters = channel.filters
+    out: list[tuple[int, int | None, str | None]] = [(-1, filters[0][0], None)]
+    for i, (start, text) in enumerate(filters):
+        end = filters[i + 1][0] if i + 1 < len(filters) else None
+        out.append((start, end, text))
+    return out
+
+
+def filter_expression(channel: ChannelInfo) -> pc.Expression | None:
+    """The Arrow condition a row must meet to enter the channel (None: every row does)."""
+    if not channel.filters:
+        return None
+    version = pc.field("topic_version")
+    condition = None
+    for start, end, text in _segments(channel):
+        part = version > start
+        if end is not None:
+            part = part & (version <= end)
+        if text is not None:
+            part = part & compile_filter(text).arrow
+        condition = part if condition is None else condition | part
+    return condition
+
+
+def filter_sql(channel: ChannelInfo) -> str | None:
+    """The same condition in Spark SQL (Spark's writer path)."""
+    if not channel.filters:
+        return None
+    parts = []
+    for start, end, text in _segments(channel):
+        part = f"topic_version > {start}"
+        if end is not None:
+            part += f" AND topic_version <= {end}"
+        if text is not None:
+            part += f" AND ({compile_filter(text).spark_sql})"
+        parts.append(f"({part})")
+    return " OR ".join(parts)
+
+
 def route(rows: pa.Table, registry: Registry) -> dict[tuple[str, str], pa.Table]:
     """Rows (with ``topic`` and ``topic_version`` columns) per (topic, channel)."""
     out: dict[tuple[str, str], pa.Table] = {}
@@ -63,6 +107,9 @@ def route(rows: pa.Table, registry: Registry) -> dict[tuple[str, str], pa.Table]
                     for_channel(of_topic["to_channel"], name),
                 )
             )
+            condition = filter_expression(channel)
+            if condition is not None and selected.num_rows:
+                selected = selected.filter(condition)
             if selected.num_rows:
                 out[(topic, name)] = selected.select(list(CHANNEL_COLUMNS))
     return out

@@ -29,7 +29,8 @@ class Action(StrEnum):
     CHANNEL_PAUSE = "channel_pause"
     CHANNEL_UNPAUSE = "channel_unpause"
     CHANNEL_EMPTY = "channel_empty"
-    # Per-channel settings (``options``: max_attempts; null values mean "the default").
+    # Per-channel settings (``options``: max_attempts, filter; null values mean "the
+    # default"). A filter applies from the event's topic version on.
     CHANNEL_CONFIGURE = "channel_configure"
     # An admin handed the channel to another node (``options``: lane, http_url). Ownership
     # itself is the claim in _deltaq/owners; this event tells the nodes at once, and keeps
@@ -65,6 +66,10 @@ class ChannelInfo:
     emptied_at_us: int | None = None
     # Deliveries before a message is dead-lettered (None: the settings' max_attempts).
     max_attempts: int | None = None
+    # The channel's filters (queue_engine.channel_filter), oldest first: (topic version, filter
+    # or None for none); each applies to the rows committed after its version, until the next.
+    # Rows at or before the first version are the channel's without a filter.
+    filters: tuple[tuple[int, str | None], ...] = ()
     # The last admin move: its registry seq, and the lane and URL of the node it went to.
     moved_seq: int = -1
     moved_to: int | None = None
@@ -73,6 +78,11 @@ class ChannelInfo:
     @property
     def ephemeral(self) -> bool:
         return is_ephemeral(self.name)
+
+    @property
+    def filter(self) -> str | None:
+        """The filter messages committed from now on go through (None: none)."""
+        return self.filters[-1][1] if self.filters else None
 
 
 @dataclass
@@ -148,8 +158,13 @@ class Registry:
                     topic.retention = None if mode is None else str(mode)
             case Action.CHANNEL_CREATE if topic is not None and event.channel is not None:
                 if event.channel not in topic.channels:
+                    start = event.topic_version or 0
+                    given = (event.options or {}).get("filter")
                     topic.channels[event.channel] = ChannelInfo(
-                        event.channel, event.at_us, event.topic_version or 0
+                        event.channel,
+                        event.at_us,
+                        start,
+                        filters=((start, str(given)),) if given else (),
                     )
             case _ if topic is not None and event.channel is not None:
                 channel = topic.channels.get(event.channel)
@@ -171,6 +186,12 @@ class Registry:
                     if "max_attempts" in options:
                         value = options["max_attempts"]
                         channel.max_attempts = None if value is None else int(value)
+                    if "filter" in options and event.topic_version is not None:
+                        given = options["filter"]
+                        channel.filters = (
+                            *channel.filters,
+                            (event.topic_version, None if given is None else str(given)),
+                        )
                 else:
                     channel.paused = event.action is Action.CHANNEL_PAUSE
             case _:

@@ -34,6 +34,8 @@ class ChannelStats:
     node: str | None = None
     # The id lanes (shares) this node serves of the channel (None: all of it, alone).
     lanes: tuple[int, ...] | None = None
+    # The channel's filter for messages committed from now on (None: none).
+    filter: str | None = None
 
     @property
     def client_count(self) -> int:

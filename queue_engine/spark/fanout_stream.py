@@ -32,6 +32,7 @@ from queue_engine.fanout import (
     CHANNEL_COLUMNS,
     CHANNEL_WRITES,
     MAX_FILES_PER_TRIGGER,
+    filter_sql,
     receivers,
     route,
 )
@@ -231,13 +232,16 @@ def fanout_batch_by_spark(
                 before = versions.get(key)
                 if before is None:
                     before = latest_version(path)
+                rows = df.filter(
+                    (F.col("topic") == topic)
+                    & (F.col("topic_version") > F.lit(channel.start_version))
+                    & (F.col("to_channel").isNull() | (F.col("to_channel") == F.lit(name)))
+                )
+                condition = filter_sql(channel)
+                if condition is not None:
+                    rows = rows.filter(F.expr(condition))
                 (
-                    df.filter(
-                        (F.col("topic") == topic)
-                        & (F.col("topic_version") > F.lit(channel.start_version))
-                        & (F.col("to_channel").isNull() | (F.col("to_channel") == F.lit(name)))
-                    )
-                    .select(*CHANNEL_COLUMNS)
+                    rows.select(*CHANNEL_COLUMNS)
                     .write.format(channel_format)
                     .mode("append")
                     .option("txnAppId", FANOUT_APP_ID)

@@ -242,3 +242,63 @@ def test_journaled_headers_survive_a_kill_9(warehouse: Path, tmp_path: Path) -> 
         assert got == {b"m0": None, b"m1": [("i", "1")], b"m2": None, b"m3": [("i", "3")]}
     finally:
         server.stop()
+
+
+def test_a_filtered_channel_gets_only_what_its_filter_holds_for_from_each_change_on(
+    server: Server, http: httpx.Client
+) -> None:
+    topic = own("filtered")
+    assert http.post("/topic/create", params={"topic": topic}).is_success
+    eu = "headers['region'] = 'eu'"
+    r = http.post("/channel/create", params={"topic": topic, "channel": "eu", "filter": eu})
+    assert r.status_code == 200, r.text
+    assert http.post("/channel/create", params={"topic": topic, "channel": "all"}).is_success
+
+    def publish(*regions: str | None) -> None:
+        lines = [envelope(f"{i}-{g}", {"region": g} if g else None) for i, g in enumerate(regions)]
+        r = http.post(
+            "/mpub", params={"topic": topic, "envelope": "json"}, content=b"\n".join(lines)
+        )
+        assert r.text == "OK", r.text
+
+    def take(channel: str, n: int) -> list[bytes]:
+        got = sub_all(http, topic, channel, n)
+        assert answer(http, "fin", topic, channel, *got).text == "OK"
+        # Nothing else reaches the channel.
+        assert sub(http, topic, channel, max=10, wait_ms=300) == []
+        return sorted(body(m) for m in got)
+
+    publish("eu", "us", None, "eu")
+    assert take("all", 4) == [b"0-eu", b"1-us", b"2-None", b"3-eu"]
+    assert take("eu", 2) == [b"0-eu", b"3-eu"]
+    stats = http.get("/stats", params={"format": "json", "topic": topic}).json()
+    filters = {c["channel_name"]: c["filter"] for c in stats["topics"][0]["channels"]}
+    assert filters == {"all": None, "eu": eu}
+
+    # A change applies to what is published after it.
+    us = "headers['region'] = 'us'"
+    r = http.post("/channel/configure", params={"topic": topic, "channel": "eu", "filter": us})
+    assert r.status_code == 200, r.text
+    publish("eu", "us")
+    assert take("eu", 1) == [b"1-us"]
+    r = http.post(
+        "/channel/configure", params={"topic": topic, "channel": "eu", "filter": "default"}
+    )
+    assert r.status_code == 200, r.text
+    publish("eu", None)
+    assert take("eu", 2) == [b"0-eu", b"1-None"]
+    assert take("all", 4) == [b"0-eu", b"0-eu", b"1-None", b"1-us"]
+
+
+def test_a_bad_filter_is_refused_and_creates_nothing(server: Server, http: httpx.Client) -> None:
+    topic = own("badfilter")
+    assert http.post("/topic/create", params={"topic": topic}).is_success
+    params = {"topic": topic, "channel": "c", "filter": "headers['region'] = 7"}
+    r = http.post("/channel/create", params=params)
+    assert r.status_code == 400, r.text
+    assert r.json() == {
+        "message": "INVALID_FILTER",
+        "reason": "7: no column is a number (as text: '7')",
+    }
+    stats = http.get("/stats", params={"format": "json", "topic": topic}).json()
+    assert stats["topics"][0]["channels"] == []

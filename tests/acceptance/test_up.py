@@ -23,11 +23,11 @@ DELTAQ_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING|E
 
 
 def quick_start(readme: str) -> str:
-    """The shell block under the README's "Quick start" heading."""
-    section = readme.split("## Quick start", 1)[1]
-    match = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert match, "no sh block in the quick start"
-    return match.group(1)
+    """The shell blocks of the README's "Quick start" section, one after the other."""
+    section = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```sh\n(.*?)```", section, re.S)
+    assert len(blocks) == 2, "the quick start and its headers and filters"
+    return "\n".join(blocks)
 
 
 def _wait_for(
@@ -98,6 +98,10 @@ def test_up_runs_the_readme_quick_start_and_stops_on_ctrl_c(tmp_path: Path) -> N
         ledger = [line for line in out.splitlines() if "|events" in line.replace(" ", "")]
         events = sorted(e for line in ledger for e in re.findall(r"\b(DELIVER|FIN)\b", line))
         assert events == ["DELIVER", "FIN"], out
+        # Headers and a filtered channel: the message comes with its headers, and SQL groups
+        # the channel's messages by one.
+        assert '"headers":{"region":"eu"}' in out, out
+        assert re.search(r"\|\s*eu\s*\|\s*1\s*\|", out), out
         with httpx.Client(base_url=f"http://{HOST}:{port}", timeout=30) as http:
             [topic] = http.get("/stats", params={"format": "json", "topic": "events"}).json()[
                 "topics"

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from chispa import assert_df_equality
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from queue_engine.spark.fanout_loop import FanoutLoop
 from queue_engine.spark.fanout_stream import (
@@ -37,6 +39,15 @@ def channel_bodies(warehouse: Path, topic: str, channel: str) -> list[bytes]:
     if not path.exists():
         return []
     return sorted(DeltaTable(str(path)).to_pyarrow_table()["body"].to_pylist())
+
+
+def channel_frame(spark: SparkSession, warehouse: Path, topic: str, channel: str) -> DataFrame:
+    """A channel table's rows as a Spark DataFrame (read by delta-rs)."""
+    path = warehouse / "channels" / topic / channel / "messages"
+    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    for row in rows:
+        row["headers"] = None if row["headers"] is None else dict(row["headers"])
+    return spark.createDataFrame(rows, from_arrow_schema(CHANNEL_MESSAGES_SCHEMA))
 
 
 def run_once(spark: SparkSession, warehouse: Path, channel_format: str | None = None) -> Moved:
@@ -123,18 +134,35 @@ def test_fanout_rules(
     post("/channel/create", topic="n", channel="late")  # first channel: gets the buffered n0
     post("/channel/create", topic="a", channel="c3")
     pub("a", "a4")
+    # A filtered channel gets the rows its filter holds for, as Spark's own filter.
+    eu = "headers['region'] = 'eu'"
+    post("/channel/create", topic="e", channel="eu", filter=eu)
     # Headers go along with their message on every path.
-    r = c.post(
-        "/pub",
-        params={"topic": "e", "envelope": "json"},
-        content=json.dumps({"body": "e2", "headers": {"region": "eu"}}).encode(),
-    )
-    assert r.text == "OK"
+    for body, region in (("e2", "eu"), ("e3", "us")):
+        r = c.post(
+            "/pub",
+            params={"topic": "e", "envelope": "json"},
+            content=json.dumps({"body": body, "headers": {"region": region}}).encode(),
+        )
+        assert r.text == "OK"
+    pub("e", "e4")
     run_once(spark, wh, channel_format)
+    start = RegistryReader(Warehouse(str(wh)).registry_path).get().topics["e"].channels["eu"]
+    everything = channel_frame(spark, wh, "e", "first")
+    # In id order (Spark cannot sort by a map column, as chispa's ignore_row_order would).
+    assert_df_equality(
+        channel_frame(spark, wh, "e", "eu").orderBy("id"),
+        everything.filter(F.expr(f"topic_version > {start.start_version} AND ({eu})")).orderBy(
+            "id"
+        ),
+    )
+    assert everything.count() == 4
     rows = DeltaTable(str(wh / "channels" / "e" / "first" / "messages")).to_pyarrow_table()
     assert sorted(zip(rows["body"].to_pylist(), rows["headers"].to_pylist(), strict=True)) == [
         (b"e1", None),
         (b"e2", [("region", "eu")]),
+        (b"e3", [("region", "us")]),
+        (b"e4", None),
     ]
     assert channel_bodies(wh, "b", "b1") == [b"b0"]
     assert channel_bodies(wh, "a", "c1") == [b"a0", b"a1", b"a1b", b"a2", b"a3", b"a4"]

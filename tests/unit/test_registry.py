@@ -55,3 +55,20 @@ def test_lookups_raise_nsq_codes() -> None:
     with pytest.raises(QueueError) as e:
         r.existing_channel("t", "nope")
     assert e.value.code is ErrorCode.CHANNEL_NOT_FOUND
+
+
+def test_a_channel_keeps_each_filter_with_the_version_it_starts_after() -> None:
+    eu, us = "headers['region'] = 'eu'", "headers['region'] = 'us'"
+    events = [
+        ev(0, Action.TOPIC_CREATE),
+        RegistryEvent(1, 10, Action.CHANNEL_CREATE, "t", "c", 4, options={"filter": eu}),
+        RegistryEvent(2, 20, Action.CHANNEL_CREATE, "t", "d", 4),
+        RegistryEvent(3, 30, Action.CHANNEL_CONFIGURE, "t", "c", 7, options={"filter": us}),
+        RegistryEvent(4, 40, Action.CHANNEL_CONFIGURE, "t", "c", 9, options={"filter": None}),
+        # A max_attempts change leaves the filters as they are.
+        RegistryEvent(5, 50, Action.CHANNEL_CONFIGURE, "t", "c", None, options={"max_attempts": 3}),
+    ]
+    channels = Registry.fold(events).topics["t"].channels
+    assert channels["c"].filters == ((4, eu), (7, us), (9, None))
+    assert channels["c"].filter is None and channels["c"].max_attempts == 3
+    assert (channels["d"].filters, channels["d"].filter) == ((), None)
