@@ -10,6 +10,9 @@
    seconds and peak RSS of the fanout's Python driver, its JVM and
    Spark's Python workers (run it with --backlog N and 10 N to see what grows with the
    backlog).
+3. Filter (``--only filter``): the backlog twice, published as envelopes whose headers say
+   ``region`` eu or us in turn, into a channel without a filter and then into one with
+   ``headers['region'] = 'eu'``; prints topic rows read per second of each and their ratio.
 
 With ``--store s3`` (latency only) the warehouse is on moto's S3 server behind a loopback proxy
 adding ``--store-delay-ms`` to every request the API and the fanout make; the tailer reads
@@ -18,7 +21,7 @@ the store directly, without the delay.
     python -m bench.fanout [--rate 200] [--seconds 20] [--backlog 1000000]
                            [--channel-writes auto|driver|deltaq|delta] [--embedded]
                            [--without-delta-spark]
-                           [--store local|s3] [--store-delay-ms 20]
+                           [--store local|s3] [--store-delay-ms 20] [--only filter]
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ import os
 import tempfile
 import threading
 import time
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import orjson
 import psutil
 import pyarrow.parquet as pq
 
@@ -185,13 +190,19 @@ def _remote_bodies(table_url: str, after: int, through: int) -> list[bytes]:
     return bodies
 
 
-def backlog(count: int, job_args: list[str]) -> None:
+def backlog(count: int, job_args: list[str], filter_text: str | None = None) -> float:
+    """The backlog run; returns topic rows read per second of the fanout's wall time. With
+    ``filter_text`` (None: plain text bodies), the messages are envelopes with a region header
+    and the channel has the filter ("" for none)."""
+    channel = "/channel/create?topic=b&channel=c"
+    if filter_text:
+        channel += "&" + urllib.parse.urlencode({"filter": filter_text})
     with tempfile.TemporaryDirectory() as tmp:
         empty = Path(tmp) / "empty"
         port = free_port()
         api = api_process(empty, port)
         post(port, "/topic/create?topic=b")
-        post(port, "/channel/create?topic=b&channel=c")
+        post(port, channel)
         stop(api)
         t = time.perf_counter()
         assert fanout_process(empty, "--once", *job_args).wait(600) == 0
@@ -201,13 +212,20 @@ def backlog(count: int, job_args: list[str]) -> None:
         port = free_port()
         api = api_process(wh, port)
         post(port, "/topic/create?topic=b")
-        post(port, "/channel/create?topic=b&channel=c")
+        post(port, channel)
         body = b"\n".join([b"x" * 200] * 1000)
+        url = f"http://{HOST}:{port}/mpub?topic=b"
+        if filter_text is not None:
+            lines = [
+                orjson.dumps({"body": "x" * 200, "headers": {"region": ("eu", "us")[i % 2]}})
+                for i in range(1000)
+            ]
+            body = b"\n".join(lines)
+            url += "&envelope=json"
         published = 0
         t = time.perf_counter()
         # Exactly ``count`` (in 1,000-message MPUBs, 8 at a time): the backlog is what grows.
         with ThreadPoolExecutor(8) as pool, httpx.Client(timeout=60) as client:
-            url = f"http://{HOST}:{port}/mpub?topic=b"
             answers = pool.map(lambda _: client.post(url, content=body).text, range(count // 1000))
             published = 1000 * sum(1 for a in answers if a == "OK")
         fill = time.perf_counter() - t
@@ -236,6 +254,17 @@ def backlog(count: int, job_args: list[str]) -> None:
             f"{usage.cpu['jvm']:.1f} CPU-s, peak RSS {usage.peak['jvm'] / 2**20:,.0f} MiB; "
             f"Python workers {usage.cpu['workers']:.1f} CPU-s"
         )
+        return published / wall
+
+
+def filter_cost(count: int, job_args: list[str]) -> None:
+    """The same backlog into an unfiltered channel, then into a filtered one."""
+    plain = backlog(count, job_args, "")
+    filtered = backlog(count, job_args, "headers['region'] = 'eu'")
+    print(
+        f"filter: topic rows read {plain:,.0f} msg/s unfiltered, {filtered:,.0f} msg/s with "
+        f"headers['region'] = 'eu' (half kept): {filtered / plain:.2f}x"
+    )
 
 
 class DriverUsage:
@@ -283,7 +312,7 @@ def main() -> int:
         "--warmup", type=float, default=5, help="seconds of the same load before measuring"
     )
     parser.add_argument("--backlog", type=int, default=1_000_000)
-    parser.add_argument("--only", choices=["latency", "backlog"])
+    parser.add_argument("--only", choices=["latency", "backlog", "filter"])
     parser.add_argument(
         "--channel-writes", default="auto", help="passed to deltaq fanout (driver, deltaq, ...)"
     )
@@ -311,6 +340,9 @@ def main() -> int:
             object_store("s3", args.store_delay_ms, Path(tmp)),
         ):
             latency(args.rate, args.seconds, args.warmup, job_args, args.embedded)
+        return 0
+    if args.only == "filter":
+        filter_cost(args.backlog, job_args)
         return 0
     if args.only in (None, "latency"):
         latency(args.rate, args.seconds, args.warmup, job_args, args.embedded)
