@@ -106,9 +106,7 @@ async def mpub(
             raise QueueError(ErrorCode.INVALID_ENVELOPE, "envelope=json takes no binary=")
         messages = parse_binary(body, limits.max_msg_size_bytes, limits.max_body_size_bytes)
     elif envelope:
-        messages, found = parse_envelope_lines(body)
-        for number, message in enumerate(messages, 1):
-            check_single(message, limits.max_msg_size_bytes, f"message {number}: ")
+        messages, found = parse_envelope_lines(body, limits.max_msg_size_bytes)
         headers = none_if_bare(found)
     else:
         messages = split_text(body, limits.max_msg_size_bytes, limits.max_body_size_bytes)

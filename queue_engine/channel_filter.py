@@ -17,6 +17,7 @@ string and ``TIMESTAMP '...'`` literals (with their zone), ``TRUE``/``FALSE``; `
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -40,6 +41,11 @@ COLUMNS = {
     "deliver_at": "timestamp",
     "expires_at": "timestamp",
 }
+
+# A LIKE pattern whose backslashes escape only %, _ or a backslash.
+_LIKE_ESCAPES = re.compile(r"(?:[^\\]|\\[%_\\])*")
+# The timestamp form Spark and Python read as the same instant.
+_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d(?::\d\d(?:\.\d{1,6})?)?(?:Z|[+-]\d\d:\d\d)")
 
 _COMPARISONS: dict[type[exp.Expr], str] = {
     exp.EQ: "=",
@@ -72,6 +78,8 @@ def compile_filter(text: str) -> ChannelFilter:
         raise QueueError(ErrorCode.INVALID_FILTER, f"over {MAX_FILTER_CHARS} characters")
     try:
         tree = sqlglot.parse_one(text, read="spark")
+    except RecursionError as exc:
+        raise QueueError(ErrorCode.INVALID_FILTER, "nested too deeply") from exc
     except ParseError as exc:
         first = exc.errors[0]["description"] if exc.errors else str(exc)
         raise QueueError(ErrorCode.INVALID_FILTER, f"not Spark SQL: {first}") from exc
@@ -81,6 +89,8 @@ def compile_filter(text: str) -> ChannelFilter:
             raise _Refused(f"a filter is a condition (true or false), not a {kind}")
     except _Refused as exc:
         raise QueueError(ErrorCode.INVALID_FILTER, str(exc)) from exc
+    except RecursionError as exc:
+        raise QueueError(ErrorCode.INVALID_FILTER, "nested too deeply") from exc
     return ChannelFilter(text, _spark_sql(tree), arrow)
 
 
@@ -131,6 +141,8 @@ def _translate_positive(node: exp.Expr) -> tuple[str, Any]:
             result = equal if result is None else result | equal
         return "boolean", result
     if isinstance(node, exp.Between):
+        if node.args.get("symmetric"):
+            raise _Refused("BETWEEN SYMMETRIC is not taken: give the bounds in order")
         kind, value = _operand(node.this)
         low_kind, low = _operand(node.args["low"])
         high_kind, high = _operand(node.args["high"])
@@ -142,6 +154,9 @@ def _translate_positive(node: exp.Expr) -> tuple[str, Any]:
         pattern = node.expression
         if kind != "string" or not (isinstance(pattern, exp.Literal) and pattern.is_string):
             raise _Refused("LIKE compares a string with a string pattern")
+        if not _LIKE_ESCAPES.fullmatch(pattern.this):
+            # Spark refuses other escapes at run time; Arrow would read them as the letter.
+            raise _Refused(f"LIKE {pattern.this!r}: \\ escapes only %, _ and \\")
         return "boolean", pc.match_like(value, pattern.this)
     if isinstance(node, exp.Boolean):
         return "boolean", pc.scalar(bool(node.this))
@@ -191,7 +206,8 @@ def _operand(node: exp.Expr) -> tuple[str, Any]:
     if isinstance(node, exp.Cast):
         # sqlglot reads TIMESTAMP '...' as a cast of the string.
         if not (
-            isinstance(node.this, exp.Literal)
+            type(node) is exp.Cast
+            and isinstance(node.this, exp.Literal)
             and node.this.is_string
             and node.to.this in (exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ)
         ):
@@ -206,7 +222,11 @@ def _operand(node: exp.Expr) -> tuple[str, Any]:
 
 def _timestamp(text: str) -> datetime:
     """A TIMESTAMP literal with its zone (Spark would read one without it in the session's
-    zone, which the fanout's paths need not share)."""
+    zone, which the fanout's paths need not share), in the one form both read alike."""
+    if not _TIMESTAMP.fullmatch(text):
+        raise _Refused(
+            f"TIMESTAMP {text!r}: give it with its zone, as 2026-01-31 12:00:00Z (or +hh:mm)"
+        )
     try:
         value = datetime.fromisoformat(text.replace(" ", "T", 1))
     except ValueError as exc:

@@ -283,6 +283,13 @@ class Channels:
                 channel,
                 None if filter_text is None else {"filter": filter_text},
             )
+            # Another node may have created it first (its creation won; ours was ignored):
+            # the filter asked for is set from now on.
+            made = nr.registry.existing_channel(topic, channel)
+            if made.filter != filter_text and filter_text is not None:
+                await self._record_at_topic_version(
+                    Action.CHANNEL_CONFIGURE, topic, channel, {"filter": filter_text}
+                )
             await self.open_if_ours(topic, channel)
         return True
 

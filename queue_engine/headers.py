@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.mpub import check_single
 
 Headers = dict[str, str]
 
@@ -94,15 +95,21 @@ def parse_envelope(data: bytes, where: str = "") -> tuple[bytes, Headers | None]
     return body, check_headers(envelope.get("headers"), where)
 
 
-def parse_envelope_lines(data: bytes) -> tuple[list[bytes], list[Headers | None]]:
-    """JSON Lines of envelopes (``/mpub?envelope=json``), blank lines skipped; an error names
-    its line (1-based) and nothing of the batch is taken."""
+def parse_envelope_lines(
+    data: bytes, max_msg_size: int | None = None
+) -> tuple[list[bytes], list[Headers | None]]:
+    """JSON Lines of envelopes (``/mpub?envelope=json``), blank lines skipped, each message
+    non-empty and at most ``max_msg_size`` bytes; an error names its line (1-based) and
+    nothing of the batch is taken."""
     bodies: list[bytes] = []
     headers: list[Headers | None] = []
     for number, line in enumerate(data.split(b"\n"), 1):
         if not line.strip():
             continue
-        body, found = parse_envelope(line, f"line {number}: ")
+        where = f"line {number}: "
+        body, found = parse_envelope(line, where)
+        if max_msg_size is not None:
+            check_single(body, max_msg_size, where)
         bodies.append(body)
         headers.append(found)
     return bodies, headers
@@ -118,6 +125,13 @@ def decode_all(data: bytes | memoryview) -> list[Headers | None]:
     if not isinstance(decoded, list):
         raise ValueError("headers are not a list")
     return decoded
+
+
+def headers_bytes(headers: list[Headers | None] | None) -> int:
+    """What a publish's headers weigh in its commit (their names' and values' characters)."""
+    if headers is None:
+        return 0
+    return sum(len(k) + len(v) for h in headers if h for k, v in h.items())
 
 
 def none_if_bare(headers: list[Headers | None] | None) -> list[Headers | None] | None:

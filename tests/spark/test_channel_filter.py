@@ -148,11 +148,16 @@ def test_random_filters_keep_the_rows_spark_keeps(spark: SparkSession) -> None:
         ("headers[1] = 'eu'", "a header is named by a string"),
         ("id = 7", "no column is a number"),
         ("published_at > 'yesterday'", "> compares a timestamp with a string"),
-        ("published_at > TIMESTAMP '2026-01-01 00:00:00'", "give its zone"),
+        ("published_at > TIMESTAMP '2026-01-01 00:00:00'", "give it with its zone"),
         ("published_at > current_timestamp()", "is not taken in a filter"),
         ("id IN (SELECT 1)", "IN takes a list of values"),
         ("headers['a'] = NULL", "NULL is compared with IS NULL"),
         ("id", "a filter is a condition"),
+        ("id BETWEEN SYMMETRIC 'b' AND 'a'", "BETWEEN SYMMETRIC is not taken"),
+        ("id LIKE 'C:\\\\dir%'", "escapes only %, _ and"),
+        ("published_at > TRY_CAST('2026-01-01 00:00:00Z' AS TIMESTAMP)", "only TIMESTAMP"),
+        ("published_at > TIMESTAMP '20260131T120000Z'", "with its zone, as 2026-01-31 12:00:00Z"),
+        ("NOT " * 900 + "id = 'a'", "nested too deeply"),
     ],
 )
 def test_a_filter_spark_would_read_otherwise_or_not_at_all_is_refused(

@@ -23,7 +23,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-from queue_engine.headers import Headers, decode_all, encode_all
+from queue_engine.headers import Headers, decode_all, encode_all, headers_bytes
 
 _FRAME = struct.Struct(">II")
 # position, published_at_us, deliver_at_us, expires_at_us (-1: none), topic length, bodies.
@@ -47,7 +47,7 @@ class Record:
 
     @property
     def nbytes(self) -> int:
-        return sum(map(len, self.bodies))
+        return sum(map(len, self.bodies)) + headers_bytes(self.headers)
 
 
 def encode(record: Record) -> bytes:

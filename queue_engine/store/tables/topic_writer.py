@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.transaction import Transaction
 
-from queue_engine.headers import Headers
+from queue_engine.headers import Headers, headers_bytes
 from queue_engine.message import LANES, IdAllocator, id_from_hex
 from queue_engine.metrics import TOPIC_COMMIT_SECONDS
 from queue_engine.store.delta.append import DeltaRsAppender
@@ -117,7 +117,8 @@ class TopicWriter(GroupCommitter[_Publish]):
         headers: list[Headers | None] | None = None,
     ) -> None:
         """Queue messages for the next commit; ``token`` comes back through ``notify``."""
-        nbytes = sum(map(len, bodies))
+        # Headers count: a commit's size and the backlog's bound are what it writes.
+        nbytes = sum(map(len, bodies)) + headers_bytes(headers)
         with self._cond:
             self._queued += len(bodies)
         try:
