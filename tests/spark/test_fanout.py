@@ -277,6 +277,9 @@ def test_fanout_killed_mid_stream_then_restarted_is_exactly_once(
         assert (
             client.post("/channel/create", params={"topic": "t", "channel": ch}).status_code == 200
         )
+    # A filtered channel: the even messages, each once, across the kill.
+    even = {"topic": "t", "channel": "even", "filter": "headers['parity'] = 'even'"}
+    assert client.post("/channel/create", params=even).status_code == 200
 
     published: list[bytes] = []
     stop = threading.Event()
@@ -285,7 +288,15 @@ def test_fanout_killed_mid_stream_then_restarted_is_exactly_once(
         n = 0
         while not stop.is_set() and n < 400:
             batch = [f"m{n + i}".encode() for i in range(25)]
-            r = client.post("/mpub", params={"topic": "t"}, content=b"\n".join(batch))
+            lines = [
+                json.dumps(
+                    {"body": body.decode(), "headers": {"parity": ("even", "odd")[(n + i) % 2]}}
+                ).encode()
+                for i, body in enumerate(batch)
+            ]
+            r = client.post(
+                "/mpub", params={"topic": "t", "envelope": "json"}, content=b"\n".join(lines)
+            )
             assert r.text == "OK"
             published.extend(batch)
             n += 25
@@ -313,6 +324,9 @@ def test_fanout_killed_mid_stream_then_restarted_is_exactly_once(
         counts = Counter(channel_bodies(wh, "t", ch))
         assert set(counts) == set(published)
         assert max(counts.values()) == 1
+    counts = Counter(channel_bodies(wh, "t", "even"))
+    assert set(counts) == {b for b in published if int(b[1:]) % 2 == 0}
+    assert max(counts.values()) == 1
     client.close()
 
 
