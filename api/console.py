@@ -199,8 +199,13 @@ async def peek(
     return ok_json(
         {
             "messages": [
-                {"id": message_id, "attempts": attempts, **_body_text(body)}
-                for message_id, attempts, body in runtime.peek(n)
+                {
+                    "id": message_id,
+                    "attempts": attempts,
+                    **_body_text(body),
+                    "headers": headers or {},
+                }
+                for message_id, attempts, body, headers in runtime.peek(n)
             ]
         }
     )

@@ -24,6 +24,7 @@ import pyarrow as pa
 from queue_engine.channel_queue import ChannelQueue, Delivery
 from queue_engine.channel_restore import add_rows, expires_at, headers_of, restore_channel
 from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.headers import Headers
 from queue_engine.lease import EventKind, LeaseEvent
 from queue_engine.shares import lane_of
 from queue_engine.store.delta import WriterClosedError, commit_file, conform
@@ -624,7 +625,7 @@ class ChannelRuntime:
             ledger_version=self._writer.version if self._writer is not None else -1,
         )
 
-    def peek(self, limit: int) -> list[tuple[str, int, bytes]]:
+    def peek(self, limit: int) -> list[tuple[str, int, bytes, Headers | None]]:
         """The next ready messages, in the order SUB would lease them (nothing is leased)."""
         return self.queue.peek(limit, now_us())
 

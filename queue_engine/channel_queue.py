@@ -633,11 +633,12 @@ class ChannelQueue:
                 self.timeout_count += 1
         return changed
 
-    def peek(self, limit: int, now_us: int) -> list[tuple[str, int, bytes]]:
+    def peek(self, limit: int, now_us: int) -> list[tuple[str, int, bytes, Headers | None]]:
         """The next ``limit`` messages a SUB would get, without leasing them: (id, attempts,
-        body), in delivery order. Messages whose bodies are not loaded yet are left out."""
+        body, headers), in delivery order. Messages whose bodies are not loaded yet are left
+        out."""
         self.promote(now_us)
-        found: list[tuple[str, int, bytes]] = []
+        found: list[tuple[str, int, bytes, Headers | None]] = []
         seen: set[str] = set()
         for message_id in self._ready:
             if len(found) >= limit:
@@ -654,7 +655,7 @@ class ChannelQueue:
             seen.add(message_id)
             body = self._bodies.get(message_id)
             if body is not None:
-                found.append((message_id, state.attempts, body[0]))
+                found.append((message_id, state.attempts, body[0], body[3]))
         return found
 
     def promote(self, now_us: int) -> None:

@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 from queue_engine.headers import MAX_HEADERS, MAX_NAME_BYTES, MAX_VALUE_BYTES
 from queue_engine.spark.fanout_loop import FanoutLoop
 from queue_engine.store.tables import Warehouse
-from tests.conftest import Server
+from tests.conftest import Server, wait_until
 from tests.consumers import answer, body, create_channel, sub, sub_all
 from tests.nsq_wire import Wire, identify
 
@@ -302,3 +302,21 @@ def test_a_bad_filter_is_refused_and_creates_nothing(server: Server, http: httpx
     }
     stats = http.get("/stats", params={"format": "json", "topic": topic}).json()
     assert stats["topics"][0]["channels"] == []
+
+
+def test_the_consoles_peek_and_lookup_show_headers(server: Server, http: httpx.Client) -> None:
+    topic = own("console")
+    create_channel(http, topic, "c")
+    r = http.post(
+        "/pub", params={"topic": topic, "envelope": "json"}, content=envelope("p", {"k": "v"})
+    )
+    assert r.text == "OK"
+    params = {"topic": topic, "channel": "c"}
+
+    def peeked() -> list[dict[str, Any]]:
+        got: list[dict[str, Any]] = http.get("/console/api/peek", params=params).json()["messages"]
+        return got
+
+    wait_until(lambda: bool(peeked()), "the message in the channel")
+    [m] = peeked()
+    assert (m["body"], m["headers"]) == ("p", {"k": "v"})

@@ -30,6 +30,16 @@ def quick_start(readme: str) -> str:
     return "\n".join(blocks)
 
 
+def docs_examples(doc: str, sections: list[str]) -> str:
+    """The bash blocks of the sections of ``doc`` whose headings start with ``sections``."""
+    blocks = []
+    for section in sections:
+        text = doc.split(f"\n## {section}", 1)[1].split("\n## ", 1)[0]
+        blocks += re.findall(r"```bash\n(.*?)```", text, re.S)
+    assert len(blocks) == len(sections), sections
+    return "\n".join(blocks)
+
+
 def _wait_for(
     log_path: Path, pattern: str, seconds: float, process: subprocess.Popen[bytes]
 ) -> str:
@@ -102,6 +112,29 @@ def test_up_runs_the_readme_quick_start_and_stops_on_ctrl_c(tmp_path: Path) -> N
         # the channel's messages by one.
         assert '"headers":{"region":"eu"}' in out, out
         assert re.search(r"\|\s*eu\s*\|\s*1\s*\|", out), out
+        # The http-api.md examples of headers and filters, as written, on the same deltaq up.
+        examples = docs_examples(
+            (ROOT / "docs" / "http-api.md").read_text(), ["Headers", "Filtered channels"]
+        )
+        docs_run = subprocess.run(
+            [
+                "bash",
+                "-euo",
+                "pipefail",
+                "-c",
+                examples.replace("127.0.0.1:4151", f"{HOST}:{port}"),
+            ],
+            cwd=tmp_path,
+            env=shell_env,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert docs_run.returncode == 0, docs_run.stdout + docs_run.stderr
+        # The /pub and the /mpub answered OK; nothing answered an error ({"message": ...}).
+        assert docs_run.stdout.count("OK") == 2, docs_run.stdout
+        assert "message" not in docs_run.stdout, docs_run.stdout
         with httpx.Client(base_url=f"http://{HOST}:{port}", timeout=30) as http:
             [topic] = http.get("/stats", params={"format": "json", "topic": "events"}).json()[
                 "topics"
