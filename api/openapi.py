@@ -28,10 +28,11 @@ NAME = {"type": "string", "pattern": NAME_PATTERN, "minLength": 1, "maxLength": 
 ANSWER_LINES = r"^([0-9a-f]{16} [0-9]{1,9}-[0-9a-f]{12}\n)+$"
 # Operations whose topic/channel are filters, not targets.
 _OPTIONAL_NAMES = {"/stats"}
+# Operations with a topic target whose channel is optional (a topic's figures without it).
+_OPTIONAL_CHANNEL = {"/console/api/history"}
 # Query parameters FastAPI sees as optional (the handler answers their absence with nsqd's
 # codes) that an operation needs.
 _REQUIRED = {
-    ("/channel/configure", "max_attempts"),
     ("/channel/replay", "from"),
     ("/channel/move", "node"),
 }
@@ -138,7 +139,7 @@ def refine(schema: dict[str, Any], settings: Settings) -> dict[str, Any]:
                 name = parameter["name"]
                 description = parameter.get("schema", {}).get("description")
                 if name in ("topic", "channel") and path not in _OPTIONAL_NAMES:
-                    parameter["required"] = True
+                    parameter["required"] = name == "topic" or path not in _OPTIONAL_CHANNEL
                     parameter["schema"] = dict(NAME)
                 elif (path, name) in _OPERATION_PARAMETERS:
                     parameter["schema"] = copy.deepcopy(_OPERATION_PARAMETERS[(path, name)])
