@@ -45,6 +45,15 @@ def envelope(body: str, headers: dict[str, str] | None = None) -> bytes:
     return json.dumps({"body": body, **({"headers": headers} if headers else {})}).encode()
 
 
+def publish_one(http: httpx.Client, topic: str, body: str, headers: dict[str, str]) -> None:
+    """An envelope published to ``topic`` (created, with channel ``c``)."""
+    create_channel(http, topic, "c")
+    r = http.post(
+        "/pub", params={"topic": topic, "envelope": "json"}, content=envelope(body, headers)
+    )
+    assert r.text == "OK", r.text
+
+
 def topic_headers(server: Server, topic: str) -> dict[bytes, Any]:
     rows = server.topic_table(topic).select(["body", "headers"]).to_pylist()
     return {r["body"]: r["headers"] for r in rows}
@@ -134,11 +143,7 @@ def test_dead_letters_and_redrives_keep_headers(server: Server, http: httpx.Clie
 
 def test_a_replays_copies_keep_their_headers(server: Server, http: httpx.Client) -> None:
     topic = own("replay")
-    create_channel(http, topic, "c")
-    r = http.post(
-        "/pub", params={"topic": topic, "envelope": "json"}, content=envelope("r", {"k": "1"})
-    )
-    assert r.text == "OK"
+    publish_one(http, topic, "r", {"k": "1"})
     [m] = sub_all(http, topic, "c", 1)
     assert answer(http, "fin", topic, "c", m).text == "OK"
     r = http.post("/channel/replay", params={"topic": topic, "channel": "c", "from": "0"})
@@ -306,11 +311,7 @@ def test_a_bad_filter_is_refused_and_creates_nothing(server: Server, http: httpx
 
 def test_the_consoles_peek_and_lookup_show_headers(server: Server, http: httpx.Client) -> None:
     topic = own("console")
-    create_channel(http, topic, "c")
-    r = http.post(
-        "/pub", params={"topic": topic, "envelope": "json"}, content=envelope("p", {"k": "v"})
-    )
-    assert r.text == "OK"
+    publish_one(http, topic, "p", {"k": "v"})
     params = {"topic": topic, "channel": "c"}
 
     def peeked() -> list[dict[str, Any]]:

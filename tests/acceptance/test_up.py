@@ -30,6 +30,23 @@ def quick_start(readme: str) -> str:
     return "\n".join(blocks)
 
 
+def run_bash(
+    script: str, cwd: Path, env: dict[str, str], timeout_s: float
+) -> subprocess.CompletedProcess[str]:
+    """``script`` as a user's shell runs it, stopping at its first failing command."""
+    shell = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=cwd,
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    assert shell.returncode == 0, shell.stdout + shell.stderr
+    return shell
+
+
 def docs_examples(doc: str, sections: list[str]) -> str:
     """The bash blocks of the sections of ``doc`` whose headings start with ``sections``."""
     blocks = []
@@ -90,16 +107,7 @@ def test_up_runs_the_readme_quick_start_and_stops_on_ctrl_c(tmp_path: Path) -> N
         recipe = recipe.replace(".venv/bin/deltaq ", f"{sys.executable} -m deltaq ")
         # The same settings as deltaq up's, through the environment this time.
         shell_env = {**env, "PYTHONPATH": str(ROOT), "DELTAQ_CONFIG": str(config)}
-        shell = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", recipe],
-            cwd=tmp_path,
-            env=shell_env,
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert shell.returncode == 0, shell.stdout + shell.stderr
+        shell = run_bash(recipe, tmp_path, shell_env, 180)
         out = shell.stdout
         assert '"lease":"1-' in out  # the /sub answer: one message, leased
         assert "OK" in out  # the /fin answer
@@ -116,22 +124,8 @@ def test_up_runs_the_readme_quick_start_and_stops_on_ctrl_c(tmp_path: Path) -> N
         examples = docs_examples(
             (ROOT / "docs" / "http-api.md").read_text(), ["Headers", "Filtered channels"]
         )
-        docs_run = subprocess.run(
-            [
-                "bash",
-                "-euo",
-                "pipefail",
-                "-c",
-                examples.replace("127.0.0.1:4151", f"{HOST}:{port}"),
-            ],
-            cwd=tmp_path,
-            env=shell_env,
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert docs_run.returncode == 0, docs_run.stdout + docs_run.stderr
+        examples = examples.replace("127.0.0.1:4151", f"{HOST}:{port}")
+        docs_run = run_bash(examples, tmp_path, shell_env, 60)
         # The /pub and the /mpub answered OK; nothing answered an error ({"message": ...}).
         assert docs_run.stdout.count("OK") == 2, docs_run.stdout
         assert "message" not in docs_run.stdout, docs_run.stdout
