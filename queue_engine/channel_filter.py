@@ -91,13 +91,9 @@ def compile_filter(text: str) -> ChannelFilter:
         raise QueueError(ErrorCode.INVALID_FILTER, str(exc)) from exc
     except RecursionError as exc:
         raise QueueError(ErrorCode.INVALID_FILTER, "nested too deeply") from exc
-    return ChannelFilter(text, _spark_sql(tree), arrow)
-
-
-def _spark_sql(tree: exp.Expr) -> str:
-    # headers['k'] for a key a map lacks is null in Spark as in Arrow (element_at's ANSI
-    # error is for arrays); written back as Spark reads it.
-    return tree.sql(dialect="spark")
+    # Written back from the tree that was checked. headers['k'] for a key a map lacks is null
+    # in Spark as in Arrow (tests/spark/test_channel_filter.py draws such keys).
+    return ChannelFilter(text, tree.sql(dialect="spark"), arrow)
 
 
 def _translate(node: exp.Expr) -> tuple[str, Any]:
@@ -158,9 +154,7 @@ def _translate_positive(node: exp.Expr) -> tuple[str, Any]:
             # Spark refuses other escapes at run time; Arrow would read them as the letter.
             raise _Refused(f"LIKE {pattern.this!r}: \\ escapes only %, _ and \\")
         return "boolean", pc.match_like(value, pattern.this)
-    if isinstance(node, exp.Boolean):
-        return "boolean", pc.scalar(bool(node.this))
-    if isinstance(node, (exp.Column, exp.Bracket, exp.Literal, exp.Cast, exp.Null)):
+    if isinstance(node, (exp.Column, exp.Bracket, exp.Literal, exp.Cast, exp.Null, exp.Boolean)):
         return _operand(node)
     raise _Refused(f"{node.sql(dialect='spark')!r} is not taken in a filter ({_TAKEN})")
 
