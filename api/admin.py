@@ -7,13 +7,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
-from api.lifecycle import FilterParam, MaxAttempts, parse_max_attempts
+from api.lifecycle import FilterParam, MaxAttempts, SchemaParam, parse_max_attempts
 from api.responses import CHANNEL_CODES, error_doc, ok_empty
 from api.state import broker_of
 from queue_engine.broker import Broker
 from queue_engine.channel_filter import compile_filter
 from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.fanout import fields_of
 from queue_engine.names import require_topic, require_topic_channel
+from queue_engine.topic_schema import parse_schema
 
 router = APIRouter(tags=["admin"])
 
@@ -35,12 +37,28 @@ def _existing_name(topic: str | None) -> str:
 
 @router.post(
     "/topic/create",
-    summary="Create a topic",
-    responses={**_OK, **_TOPIC_ERRORS},
+    summary="Create a topic (typed, with schema=)",
+    description=(
+        "Creates the topic if it does not exist. With `schema=`, the topic is typed (or its "
+        "schema evolves, as /topic/configure): see /topic/configure."
+    ),
+    responses={
+        **_OK,
+        **_TOPIC_ERRORS,
+        **error_doc(ErrorCode.INVALID_SCHEMA, ErrorCode.SCHEMA_CHANGE_REFUSED),
+    },
     response_class=Response,
 )
-async def topic_create(request: Request, topic: Topic = None) -> Response:
-    await broker_of(request).create_topic(require_topic(topic))
+async def topic_create(
+    request: Request, topic: Topic = None, schema: SchemaParam = None
+) -> Response:
+    name = require_topic(topic)
+    if schema is not None:
+        parse_schema(schema)  # refused before anything is created
+    broker = broker_of(request)
+    await broker.create_topic(name)
+    if schema is not None:
+        await broker.declare_topic_schema(name, schema)
     return ok_empty()
 
 
@@ -119,7 +137,7 @@ async def channel_create(
     # Checked before anything is created: a refused request changes nothing.
     limit = parse_max_attempts(max_attempts) if max_attempts is not None else None
     if filter is not None:
-        compile_filter(filter)
+        compile_filter(filter, fields_of(broker.topics.schema(topic_name)))
     if not await broker.create_channel(topic_name, channel_name, filter) and filter is not None:
         # nsqd's create of an existing channel changes nothing; a filter given is set.
         await broker.set_channel_filter(topic_name, channel_name, filter)

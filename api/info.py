@@ -156,6 +156,8 @@ def _topic_json(t: TopicStats) -> dict[str, Any]:
         # deltaq: why the topic's table takes no publishes (a Delta feature another engine
         # enabled that deltaq cannot keep working with), or null.
         "refused": t.refused,
+        # deltaq: a typed topic's schema (queue_engine.topic_schema; null: untyped).
+        "schema": t.schema,
     }
 
 

@@ -25,8 +25,10 @@ from api.state import broker_of
 from queue_engine.channel_filter import compile_filter
 from queue_engine.channel_queue import SettleError
 from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.fanout import fields_of
 from queue_engine.names import require_topic, require_topic_channel
 from queue_engine.settings import RetentionMode
+from queue_engine.topic_schema import parse_schema
 
 router = APIRouter(tags=["dead letters"])
 
@@ -78,6 +80,20 @@ Retention = Annotated[
 ]
 
 
+SchemaParam = Annotated[
+    str | None,
+    Query(
+        description=(
+            "Type the topic: its fields in Spark DDL, e.g. `sku STRING NOT NULL, amount DOUBLE, "
+            "placed_at TIMESTAMP` (types STRING, BOOLEAN, INT, BIGINT, DOUBLE, DATE, TIMESTAMP). "
+            "Bodies published from then on must be JSON objects that fit it; each field becomes "
+            "a column of the topic, channel and dead-letter tables. Given again, it evolves: "
+            "the fields kept as they were, new nullable fields added last."
+        )
+    ),
+]
+
+
 def _limit(value: str | None, high: int, code: ErrorCode) -> int | None:
     """``default`` -> None (the settings' value); else 1..high, or ``code``."""
     if value == "default":
@@ -94,7 +110,7 @@ def parse_max_attempts(value: str | None) -> int | None:
 
 @router.post(
     "/topic/configure",
-    summary="Change a topic's message TTL and retention",
+    summary="Change a topic's message TTL, retention and schema",
     responses={
         200: {"description": "Done (empty body)"},
         **error_doc(
@@ -103,6 +119,8 @@ def parse_max_attempts(value: str | None) -> int | None:
             ErrorCode.TOPIC_NOT_FOUND,
             ErrorCode.INVALID_TTL,
             ErrorCode.INVALID_RETENTION,
+            ErrorCode.INVALID_SCHEMA,
+            ErrorCode.SCHEMA_CHANGE_REFUSED,
         ),
     },
     response_class=Response,
@@ -113,9 +131,12 @@ async def topic_configure(
     ttl_ms: TtlMs = None,
     retention_hours: RetentionHours = None,
     retention: Retention = None,
+    schema: SchemaParam = None,
 ) -> Response:
     """Only the settings given change (none given: nothing does, the topic must exist)."""
     name = require_topic(topic)
+    if schema is not None:
+        parse_schema(schema)  # refused before anything changes
     options: dict[str, Any] = {}
     if ttl_ms is not None:
         options["ttl_ms"] = _limit(ttl_ms, MAX_TTL_MS, ErrorCode.INVALID_TTL)
@@ -123,7 +144,10 @@ async def topic_configure(
         options["retention_hours"] = parse_retention_hours(retention_hours)
     if retention is not None:
         options["retention"] = parse_retention(retention)
-    await broker_of(request).configure_topic(name, options)
+    broker = broker_of(request)
+    await broker.configure_topic(name, options)
+    if schema is not None:
+        await broker.declare_topic_schema(name, schema)
     return ok_empty()
 
 
@@ -182,9 +206,9 @@ async def channel_configure(
     # Both checked before either changes.
     limit = parse_max_attempts(max_attempts) if max_attempts is not None or filter is None else None
     wanted = None if filter in (None, "default") else filter
-    if wanted is not None:
-        compile_filter(wanted)
     broker = broker_of(request)
+    if wanted is not None:
+        compile_filter(wanted, fields_of(broker.topics.schema(topic_name)))
     if max_attempts is not None or filter is None:
         await broker.configure_channel(topic_name, channel_name, max_attempts=limit)
     if filter is not None:

@@ -296,6 +296,10 @@ class Broker:
         if name not in self.topics:
             await self.topics.create(name)
 
+    async def declare_topic_schema(self, name: str, text: str) -> None:
+        """Type the topic, or evolve its schema (queue_engine.topic_schema)."""
+        await self.topics.declare_schema(name, text)
+
     async def delete_topic(self, name: str) -> None:
         nr = self._registry
         async with nr.admin:

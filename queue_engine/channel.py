@@ -38,6 +38,7 @@ from queue_engine.store.tables import (
     open_ledger_writer,
     read_versions,
 )
+from queue_engine.topic_schema import TopicSchema
 
 # What a body lookup needs of a row (the channel table's and the dead-letter table's).
 _BODY_SCHEMA = pa.schema(
@@ -131,6 +132,7 @@ class ChannelRuntime:
         notify: Callable[[list[object], BaseException | None], None],
         on_waiting: Callable[[ChannelRuntime], None] | None = None,
         lanes: frozenset[int] | None = None,
+        schema_of: Callable[[], TopicSchema | None] = lambda: None,
     ) -> None:
         self.topic = topic
         self.channel = channel
@@ -160,7 +162,7 @@ class ChannelRuntime:
         self.ttl_ms = ttl_ms
         self.expired_dead = expired_dead
         self.queue = self._configured(ChannelQueue())
-        self._dead = DeadLetterStore(dead_path)
+        self._dead = DeadLetterStore(dead_path, schema_of)
         # Held from taking dead letters until their DEAD events are submitted, and by a
         # redrive: a REDRIVE never reaches the ledger before the DEAD it undoes.
         self._burying = asyncio.Lock()

@@ -8,18 +8,20 @@ Spark's ``WHERE``. Only deterministic expressions: a replayed fanout batch must 
 first attempt did.
 
 What is taken: the columns ``id``, ``replay_of`` (strings), ``published_at``, ``deliver_at``,
-``expires_at`` (timestamps), ``headers['name']`` (a string, null where the message lacks it);
-string and ``TIMESTAMP '...'`` literals (with their zone), ``TRUE``/``FALSE``; ``=``, ``!=``,
+``expires_at`` (timestamps), ``headers['name']`` (a string, null where the message lacks it),
+and a typed topic's fields (queue_engine.topic_schema); string, number, ``DATE '...'`` and
+``TIMESTAMP '...'`` literals (with their zone), ``TRUE``/``FALSE``; ``=``, ``!=``,
 ``<>``, ``<``, ``<=``, ``>``, ``>=``, ``AND``, ``OR``, ``NOT``, ``IS [NOT] NULL``,
 ``[NOT] IN (...)``, ``[NOT] BETWEEN``, ``[NOT] LIKE``, parentheses.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -69,9 +71,32 @@ class _Refused(Exception):
     pass
 
 
+# The typed fields of the filter being compiled (one compile per thread at a time).
+_FIELDS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "fields", default=None
+)
+
+
+# A typed field's DDL type -> its kind in a filter. Integers and doubles compare with each other
+# and with number literals as Spark compares them (both as doubles, or both exactly).
+_FIELD_KINDS = {
+    "STRING": "string",
+    "BOOLEAN": "boolean",
+    "INT": "number",
+    "BIGINT": "number",
+    "DOUBLE": "number",
+    "DATE": "date",
+    "TIMESTAMP": "timestamp",
+}
+# (field, DDL type) of a typed topic's fields (queue_engine.topic_schema.TopicSchema.kinds).
+Fields = tuple[tuple[str, str], ...]
+_INT64 = 1 << 63
+
+
 @functools.lru_cache(maxsize=4096)
-def compile_filter(text: str) -> ChannelFilter:
-    """``text`` checked and translated, or INVALID_FILTER saying why."""
+def compile_filter(text: str, fields: Fields = ()) -> ChannelFilter:
+    """``text`` checked and translated, or INVALID_FILTER saying why; ``fields``: the typed
+    topic's fields it may name besides the message's own columns."""
     if not text.strip():
         raise QueueError(ErrorCode.INVALID_FILTER, "empty: leave filter out for every message")
     if len(text) > MAX_FILTER_CHARS:
@@ -84,7 +109,11 @@ def compile_filter(text: str) -> ChannelFilter:
         first = exc.errors[0]["description"] if exc.errors else str(exc)
         raise QueueError(ErrorCode.INVALID_FILTER, f"not Spark SQL: {first}") from exc
     try:
-        kind, arrow = _translate(tree)
+        token = _FIELDS.set({name: _FIELD_KINDS[kind] for name, kind in fields})
+        try:
+            kind, arrow = _translate(tree)
+        finally:
+            _FIELDS.reset(token)
         if kind != "boolean":
             raise _Refused(f"a filter is a condition (true or false), not a {kind}")
     except _Refused as exc:
@@ -161,7 +190,7 @@ def _translate_positive(node: exp.Expr) -> tuple[str, Any]:
 
 _TAKEN = (
     "comparisons, AND, OR, NOT, IS [NOT] NULL, IN, BETWEEN and LIKE over id, replay_of, "
-    "published_at, deliver_at, expires_at and headers['name']"
+    "published_at, deliver_at, expires_at, headers['name'] and a typed topic's fields"
 )
 
 
@@ -182,8 +211,12 @@ def _operand(node: exp.Expr) -> tuple[str, Any]:
         name = node.name
         if name == "headers":
             raise _Refused("headers is a map: name one, headers['name']")
+        fields = _FIELDS.get() or {}
+        if name in fields:
+            return fields[name], pc.field(name)
         if name not in COLUMNS:
-            raise _Refused(f"no column {name!r} (the columns: {', '.join(COLUMNS)}, headers)")
+            known = ", ".join([*COLUMNS, "headers", *fields])
+            raise _Refused(f"no column {name!r} (the columns: {known})")
         return COLUMNS[name], pc.field(name)
     if isinstance(node, exp.Bracket):
         target = node.this
@@ -195,17 +228,23 @@ def _operand(node: exp.Expr) -> tuple[str, Any]:
         return "string", pc.map_lookup(pc.field("headers"), pa.scalar(keys[0].this), "first")
     if isinstance(node, exp.Literal):
         if not node.is_string:
-            raise _Refused(f"{node.this}: no column is a number (as text: '{node.this}')")
+            return "number", pc.scalar(_number(node.this))
         return "string", pc.scalar(node.this)
+    if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
+        return "number", pc.scalar(_number("-" + node.this.this))
     if isinstance(node, exp.Cast):
-        # sqlglot reads TIMESTAMP '...' as a cast of the string.
+        # sqlglot reads TIMESTAMP '...' and DATE '...' as casts of the string.
+        literal = (
+            type(node) is exp.Cast and isinstance(node.this, exp.Literal) and node.this.is_string
+        )
+        if literal and node.to.this is exp.DataType.Type.DATE:
+            return "date", pc.scalar(pa.scalar(_date(node.this.this), pa.date32()))
         if not (
-            type(node) is exp.Cast
-            and isinstance(node.this, exp.Literal)
-            and node.this.is_string
-            and node.to.this in (exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ)
+            literal and node.to.this in (exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ)
         ):
-            raise _Refused(f"{node.sql(dialect='spark')!r}: only TIMESTAMP '...' literals")
+            raise _Refused(
+                f"{node.sql(dialect='spark')!r}: only TIMESTAMP '...' and DATE '...' literals"
+            )
         return "timestamp", pc.scalar(pa.scalar(_timestamp(node.this.this), _TS))
     if isinstance(node, exp.Null):
         raise _Refused("NULL is compared with IS NULL or IS NOT NULL")
@@ -228,6 +267,38 @@ def _timestamp(text: str) -> datetime:
     if value.tzinfo is None:
         raise _Refused(f"TIMESTAMP {text!r}: give its zone (Z or +hh:mm)")
     return value.astimezone(UTC)
+
+
+_INTEGER = re.compile(r"-?\d+")
+_DECIMAL = re.compile(r"-?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def _number(text: str) -> int | float:
+    """A number literal: an integer within 64 bits, or a decimal/exponent read as a double
+    (as Spark compares it with a DOUBLE column, and with an integer one in range)."""
+    if _INTEGER.fullmatch(text):
+        value = int(text)
+        if not -_INT64 <= value < _INT64:
+            raise _Refused(f"{text}: an integer literal fits in 64 bits")
+        return value
+    if not _DECIMAL.fullmatch(text):
+        raise _Refused(f"{text}: not a number literal (as 12, 1.5 or 2e3)")
+    double = float(text)
+    if double in (float("inf"), float("-inf")):
+        raise _Refused(f"{text}: out of a double's range")
+    return double
+
+
+_DATE = re.compile(r"\d{4}-\d\d-\d\d")
+
+
+def _date(text: str) -> date:
+    if not _DATE.fullmatch(text):
+        raise _Refused(f"DATE {text!r}: give it as 2026-01-31")
+    try:
+        return date.fromisoformat(text)
+    except ValueError as exc:
+        raise _Refused(f"DATE {text!r}: not a date") from exc
 
 
 def _same(left: str, right: str, op: str) -> None:

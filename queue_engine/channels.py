@@ -10,15 +10,18 @@ TOUCH of messages of a share another live node holds answers ``ChannelElsewhereE
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from queue_engine.acks import Acks
 from queue_engine.channel import ChannelRuntime
+from queue_engine.channel_filter import compile_filter
 from queue_engine.channel_queue import Answer, Delivery
 from queue_engine.cluster import Membership
 from queue_engine.errors import ChannelElsewhereError, ErrorCode, QueueError
+from queue_engine.fanout import fields_of, topic_schema
 from queue_engine.node_registry import NodeRegistry
 from queue_engine.pump import Pump
 from queue_engine.registry import Action, RegistryEvent
@@ -171,6 +174,7 @@ class Channels:
             notify=self._acks.committed,
             on_waiting=self._waiting,
             lanes=lanes,
+            schema_of=functools.partial(self._topics.schema, topic),
         )
         try:
             await runtime.start()
@@ -272,6 +276,9 @@ class Channels:
             info = nr.registry.existing_topic(topic)
             if channel in info.channels:
                 return False
+            if filter_text is not None:
+                # A typed field it names must be the topic's (checked again under the lock).
+                compile_filter(filter_text, fields_of(topic_schema(nr.registry, topic)))
             cap = self.settings.max_channels_per_topic
             if cap and len(info.channels) >= cap:
                 raise QueueError(
@@ -376,6 +383,9 @@ class Channels:
         await self.runtime(topic, channel)
         async with self._registry.admin:
             info = self._registry.registry.existing_channel(topic, channel)
+            if filter_text is not None:
+                registry = self._registry.registry
+                compile_filter(filter_text, fields_of(topic_schema(registry, topic)))
             if info.filter != filter_text:
                 await self._record_at_topic_version(
                     Action.CHANNEL_CONFIGURE, topic, channel, {"filter": filter_text}

@@ -35,6 +35,12 @@ class ErrorCode(StrEnum):
     INVALID_HEADERS = "INVALID_HEADERS"
     # deltaq: a channel filter that does not parse or is not taken (queue_engine.channel_filter).
     INVALID_FILTER = "INVALID_FILTER"
+    # deltaq: a typed topic's schema that does not parse or is not taken
+    # (queue_engine.topic_schema); a change to it that its rows could not follow; a body that
+    # does not fit it (the line, field and reason named).
+    INVALID_SCHEMA = "INVALID_SCHEMA"
+    SCHEMA_CHANGE_REFUSED = "SCHEMA_CHANGE_REFUSED"
+    INVALID_BODY = "INVALID_BODY"
     # deltaq: a channel's max_attempts outside 1..65535 (or "default").
     INVALID_MAX_ATTEMPTS = "INVALID_MAX_ATTEMPTS"
     # deltaq: a topic's ttl_ms outside 1..MAX_TTL_MS (or "default").

@@ -13,8 +13,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from queue_engine.channel_filter import compile_filter
+from queue_engine.channel_filter import Fields, compile_filter
 from queue_engine.registry import ChannelInfo, Registry
+from queue_engine.topic_schema import TopicSchema, parse_schema
 
 CHANNEL_COLUMNS = (
     "id",
@@ -42,6 +43,17 @@ def receivers(registry: Registry, topic: str) -> list[tuple[str, ChannelInfo]]:
     return [] if info is None else sorted(info.channels.items())
 
 
+def topic_schema(registry: Registry, topic: str) -> TopicSchema | None:
+    """The topic's declared schema (None: untyped): its fields are columns of the channel rows
+    too, converted from the body (queue_engine.topic_schema.TopicSchema.lenient_columns)."""
+    info = registry.topics.get(topic)
+    return None if info is None or info.schema is None else parse_schema(info.schema)
+
+
+def fields_of(schema: TopicSchema | None) -> Fields:
+    return () if schema is None else tuple(schema.kinds.items())
+
+
 def for_channel(to_channel: pa.ChunkedArray | pa.Array, name: str) -> pa.Array:
     """Which rows go to channel ``name``: every row but a replay's copies for other channels."""
     return pc.or_kleene(pc.is_null(to_channel), pc.equal(to_channel, name))
@@ -58,8 +70,9 @@ def _segments(channel: ChannelInfo) -> list[tuple[int, int | None, str | None]]:
     return out
 
 
-def filter_expression(channel: ChannelInfo) -> pc.Expression | None:
-    """The Arrow condition a row must meet to enter the channel (None: every row does)."""
+def filter_expression(channel: ChannelInfo, fields: Fields = ()) -> pc.Expression | None:
+    """The Arrow condition a row must meet to enter the channel (None: every row does);
+    ``fields``: the topic's typed fields (columns of the rows)."""
     if not channel.filters:
         return None
     version = pc.field("topic_version")
@@ -69,12 +82,12 @@ def filter_expression(channel: ChannelInfo) -> pc.Expression | None:
         if end is not None:
             part = part & (version <= end)
         if text is not None:
-            part = part & compile_filter(text).arrow
+            part = part & compile_filter(text, fields).arrow
         condition = part if condition is None else condition | part
     return condition
 
 
-def filter_sql(channel: ChannelInfo) -> str | None:
+def filter_sql(channel: ChannelInfo, fields: Fields = ()) -> str | None:
     """The same condition in Spark SQL (Spark's writer path)."""
     if not channel.filters:
         return None
@@ -84,13 +97,14 @@ def filter_sql(channel: ChannelInfo) -> str | None:
         if end is not None:
             part += f" AND topic_version <= {end}"
         if text is not None:
-            part += f" AND ({compile_filter(text).spark_sql})"
+            part += f" AND ({compile_filter(text, fields).spark_sql})"
         parts.append(f"({part})")
     return " OR ".join(parts)
 
 
 def route(rows: pa.Table, registry: Registry) -> dict[tuple[str, str], pa.Table]:
-    """Rows (with ``topic`` and ``topic_version`` columns) per (topic, channel)."""
+    """Rows (with ``topic`` and ``topic_version`` columns) per (topic, channel); a typed
+    topic's rows with its fields' columns last."""
     out: dict[tuple[str, str], pa.Table] = {}
     if rows.num_rows == 0:
         return out
@@ -100,6 +114,13 @@ def route(rows: pa.Table, registry: Registry) -> dict[tuple[str, str], pa.Table]
         if not channels:
             continue
         of_topic = rows.filter(pc.equal(rows["topic"], topic))
+        schema = topic_schema(registry, topic)
+        columns = list(CHANNEL_COLUMNS)
+        if schema is not None:
+            typed = schema.lenient_columns(of_topic["body"].to_pylist())
+            for field, column in zip(schema.arrow_fields, typed, strict=True):
+                of_topic = of_topic.append_column(field, column)
+            columns += [f.name for f in schema.arrow_fields]
         for name, channel in channels:
             selected = of_topic.filter(
                 pc.and_(
@@ -107,9 +128,9 @@ def route(rows: pa.Table, registry: Registry) -> dict[tuple[str, str], pa.Table]
                     for_channel(of_topic["to_channel"], name),
                 )
             )
-            condition = filter_expression(channel)
+            condition = filter_expression(channel, fields_of(schema))
             if condition is not None and selected.num_rows:
                 selected = selected.filter(condition)
             if selected.num_rows:
-                out[(topic, name)] = selected.select(list(CHANNEL_COLUMNS))
+                out[(topic, name)] = selected.select(columns)
     return out

@@ -21,8 +21,8 @@ class Action(StrEnum):
     TOPIC_PAUSE = "topic_pause"
     TOPIC_UNPAUSE = "topic_unpause"
     TOPIC_EMPTY = "topic_empty"
-    # Per-topic settings (``options``: ttl_ms, retention_hours, retention; only the keys given
-    # change; a null value means "the default").
+    # Per-topic settings (``options``: ttl_ms, retention_hours, retention, schema; only the
+    # keys given change; a null value means "the default").
     TOPIC_CONFIGURE = "topic_configure"
     CHANNEL_CREATE = "channel_create"
     CHANNEL_DELETE = "channel_delete"
@@ -106,6 +106,8 @@ class TopicInfo:
     # and whether every channel must have taken it first ("taken") or not ("fixed").
     retention_hours: float | None = None
     retention: str | None = None
+    # A typed topic's schema (queue_engine.topic_schema: canonical Spark DDL; None: untyped).
+    schema: str | None = None
 
     @property
     def ephemeral(self) -> bool:
@@ -156,6 +158,8 @@ class Registry:
                 if "retention" in options:
                     mode = options["retention"]
                     topic.retention = None if mode is None else str(mode)
+                if options.get("schema") is not None:
+                    topic.schema = str(options["schema"])
             case Action.CHANNEL_CREATE if topic is not None and event.channel is not None:
                 if event.channel not in topic.channels:
                     start = event.topic_version or 0

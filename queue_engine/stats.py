@@ -60,6 +60,8 @@ class TopicStats:
     # The newest topic version that added messages (-1: none known): a channel whose rows
     # reach it has every message the fanout could give it.
     data_version: int = -1
+    # A typed topic's schema, canonical Spark DDL (None: untyped).
+    schema: str | None = None
 
 
 def percentile_ms(ordered: list[float], q: float) -> float:

@@ -48,6 +48,7 @@ from queue_engine.store.tables import (
     topic_notice_writer,
 )
 from queue_engine.store.upkeep import Maintenance
+from queue_engine.topic_schema import TopicSchema, evolve, parse_schema
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +179,7 @@ class Topics:
             commit_max_bytes=self.settings.commit_max_bytes,
             name=name,
             id_lane=self._lane or 0,
+            schema_of=functools.partial(self.schema, name),
         )
         self._journaled(name, writer)
         self._writers[name] = writer
@@ -242,6 +244,9 @@ class Topics:
             raise QueueError(ErrorCode.EXITING)
         started = time.perf_counter()
         writer = self._writers.get(topic) or await self.create(topic)
+        schema = self.schema(topic)
+        if schema is not None:
+            schema.columns(bodies)  # INVALID_BODY names the first body that does not fit
         refusal = writer.refusal()
         if refusal is not None:
             raise QueueError(ErrorCode.E_TABLE_REFUSED, refusal.reason)
@@ -485,6 +490,28 @@ class Topics:
             if changed:
                 await nr.record(Action.TOPIC_CONFIGURE, name, options=changed)
 
+    def schema(self, name: str) -> TopicSchema | None:
+        """The topic's declared schema (None: untyped, or no such topic)."""
+        info = self._registry.registry.topics.get(name)
+        return None if info is None or info.schema is None else parse_schema(info.schema)
+
+    async def declare_schema(self, name: str, text: str) -> None:
+        """Give the topic a schema, or evolve the one it has (SCHEMA_CHANGE_REFUSED if its
+        rows could not follow). The table gains the columns before the schema is recorded:
+        a crash in between leaves columns no row fills, never rows without their columns."""
+        schema = parse_schema(text)
+        nr = self._registry
+        async with nr.admin:
+            await nr.reload_if_moved(name not in nr.registry.topics)
+            info = nr.registry.existing_topic(name)
+            old = None if info.schema is None else parse_schema(info.schema)
+            evolve(old, schema)
+            if old is not None and old.ddl == schema.ddl:
+                return
+            writer = await self.writer(name)
+            await asyncio.to_thread(writer.declare, schema)
+            await nr.record(Action.TOPIC_CONFIGURE, name, options={"schema": schema.ddl})
+
     def ttl_ms(self, name: str) -> int:
         info = self._registry.registry.existing_topic(name)
         return self.settings.message_ttl_ms if info.ttl_ms is None else info.ttl_ms
@@ -526,6 +553,7 @@ class Topics:
             commit_p99_ms=percentile_ms(durations, 0.99),
             refused=refusal.reason if refusal is not None else None,
             data_version=stats.data_version,
+            schema=info.schema,
         )
 
     def _depth(self, info: TopicInfo, stats: CommitStats, fanned: int) -> int:

@@ -35,7 +35,7 @@ from queue_engine.auth import Identity, Role
 from queue_engine.broker import Broker
 from queue_engine.channel import ChannelRuntime
 from queue_engine.channel_queue import Answer, Delivery, SettleError
-from queue_engine.errors import QueueError
+from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.lease import EventKind
 from queue_engine.names import is_valid_name
 from queue_engine.settings import TlsRequired
@@ -686,6 +686,8 @@ class Connection:
         try:
             return _Publishing(command, await self.broker.start_publish(topic, bodies, defer_ms))
         except QueueError as exc:
+            if exc.code is ErrorCode.INVALID_BODY:  # a typed topic's body that does not fit
+                raise FatalClientError("E_BAD_MESSAGE", f"{command} {exc.detail}") from exc
             raise FatalClientError(f"E_{command}_FAILED", f"{command} failed {exc}") from exc
 
     async def _pub(self, params: list[bytes]) -> Reply:

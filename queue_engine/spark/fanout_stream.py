@@ -17,24 +17,29 @@ Two ways to write a micro-batch's channel rows:
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_type
 from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql.types import StructField, StructType
 
 from queue_engine.fanout import (
     CHANNEL_COLUMNS,
     CHANNEL_WRITES,
     MAX_FILES_PER_TRIGGER,
+    fields_of,
     filter_sql,
     receivers,
     route,
+    topic_schema,
 )
 from queue_engine.registry import ChannelInfo, Registry
 from queue_engine.spark.checkpoint_mirror import CheckpointMirror
@@ -66,6 +71,7 @@ from queue_engine.store.tables import (
     RegistryReader,
     Warehouse,
 )
+from queue_engine.topic_schema import TopicSchema, parse_schema
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +91,7 @@ class ChannelSinks:
     def __init__(self, warehouse: Warehouse) -> None:
         self.warehouse = warehouse
         self._sinks: dict[tuple[str, int], IdempotentAppender] = {}
+        self._schemas: dict[tuple[str, int], pa.Schema] = {}
         # Checkpoints off the micro-batch's path (one replays up to 100 commits).
         self._upkeep = ThreadPoolExecutor(1, thread_name_prefix="deltaq-fanout-checkpoint")
         # A batch over many channels appends to their tables side by side: each append is
@@ -121,14 +128,21 @@ class ChannelSinks:
 
     def append(self, topic: str, channel: ChannelInfo, rows: pa.Table, batch_id: int) -> bool:
         key = self._key(topic, channel)
+        # A typed topic's fields follow the channel's own columns (queue_engine.fanout.route).
+        schema = channel_schema(rows)
         sink = self._sinks.get(key)
+        if sink is not None and self._schemas.get(key) != schema:
+            # The topic's schema gained fields: the table gains their columns first.
+            self._sinks.pop(key).close()
+            sink = None
         if sink is None:
-            open_or_create(key[0], CHANNEL_MESSAGES_SCHEMA)
+            open_or_create(key[0], schema)
             sink = self._sinks[key] = IdempotentAppender(
                 key[0], FANOUT_APP_ID, schedule_checkpoint=self._upkeep.submit
             )
+            self._schemas[key] = schema
         try:
-            return sink.append(rows.cast(CHANNEL_MESSAGES_SCHEMA), batch_id)
+            return sink.append(rows.cast(schema), batch_id)
         except Exception:
             # A storage error: the next attempt starts from a freshly read table.
             del self._sinks[key]
@@ -145,6 +159,32 @@ class ChannelSinks:
         }
         for key in [k for k in self._sinks if k not in live]:
             self._sinks.pop(key).close()
+            self._schemas.pop(key, None)
+
+
+def with_typed_columns(df: DataFrame, schema: TopicSchema) -> DataFrame:
+    """``df`` (topic rows) with the typed topic's fields as columns, converted from ``body``."""
+    fields = [
+        StructField(f.name, from_arrow_type(f.type), nullable=True) for f in schema.arrow_fields
+    ]
+    out = StructType([*df.schema.fields, *fields])
+    return df.mapInArrow(functools.partial(_typed_batches, schema.ddl), out)
+
+
+def _typed_batches(ddl: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    schema = parse_schema(ddl)
+    for batch in batches:
+        columns = schema.lenient_columns(batch.column("body").to_pylist())
+        yield pa.RecordBatch.from_arrays(
+            [*batch.columns, *columns],
+            schema=pa.schema([*batch.schema, *schema.arrow_fields]),
+        )
+
+
+def channel_schema(rows: pa.Table) -> pa.Schema:
+    """A channel table's schema for ``rows``: its own columns, then a typed topic's fields."""
+    typed = [f for f in rows.schema if f.name not in CHANNEL_MESSAGES_SCHEMA.names]
+    return pa.schema([*CHANNEL_MESSAGES_SCHEMA, *typed]) if typed else CHANNEL_MESSAGES_SCHEMA
 
 
 def fanout_batch(
@@ -195,13 +235,13 @@ def fanout_batch_by_spark(
     registry_reader: RegistryReader,
     warehouse: Warehouse,
     channel_format: str,
-    created: set[tuple[str, int]],
+    created: set[tuple[str, int, int]],
     notices: NoticeWriter | None = None,
     before_writes: Callable[[], object] | None = None,
     versions: dict[tuple[str, int], int] | None = None,
 ) -> int:
     """Write one micro-batch into the channel tables with Spark's writer; return the number of
-    topic rows it held. ``created``: the (table, channel creation) pairs known to exist,
+    topic rows it held. ``created``: the (table, channel creation, columns) known to exist,
     kept across batches (opening a table to check replays its log); ``versions``: their newest
     versions known, kept the same way (the commits a write added are synced from there)."""
     versions = {} if versions is None else versions
@@ -221,27 +261,37 @@ def fanout_batch_by_spark(
         written = 0
         wrote: list[tuple[str, str]] = []
         for topic in sorted(newest):
+            schema = topic_schema(registry, topic)
+            of_topic = df.filter(F.col("topic") == topic)
+            columns = list(CHANNEL_COLUMNS)
+            table_schema = CHANNEL_MESSAGES_SCHEMA
+            if schema is not None:
+                # Converted by the same code as on the other paths, on the executors.
+                of_topic = with_typed_columns(of_topic, schema)
+                columns += [f.name for f in schema.arrow_fields]
+                table_schema = pa.schema([*CHANNEL_MESSAGES_SCHEMA, *schema.arrow_fields])
             for name, channel in receivers(registry, topic):
                 if newest[topic] <= channel.start_version:
                     continue
                 path = warehouse.channel_messages_path(topic, name)
-                if (path, channel.created_at_us) not in created:
-                    open_or_create(path, CHANNEL_MESSAGES_SCHEMA)
-                    created.add((path, channel.created_at_us))
+                # Fields are only ever added: their count tells whether the table has them.
+                known = (path, channel.created_at_us, len(table_schema))
+                if known not in created:
+                    open_or_create(path, table_schema)
+                    created.add(known)
                 key = (path, channel.created_at_us)
                 before = versions.get(key)
                 if before is None:
                     before = latest_version(path)
-                rows = df.filter(
-                    (F.col("topic") == topic)
-                    & (F.col("topic_version") > F.lit(channel.start_version))
+                rows = of_topic.filter(
+                    (F.col("topic_version") > F.lit(channel.start_version))
                     & (F.col("to_channel").isNull() | (F.col("to_channel") == F.lit(name)))
                 )
-                condition = filter_sql(channel)
+                condition = filter_sql(channel, fields_of(schema))
                 if condition is not None:
                     rows = rows.filter(F.expr(condition))
                 (
-                    rows.select(*CHANNEL_COLUMNS)
+                    rows.select(*columns)
                     .write.format(channel_format)
                     .mode("append")
                     .option("txnAppId", FANOUT_APP_ID)
@@ -380,7 +430,7 @@ def start_fanout(
 
     else:
         format_name = channel_format
-        created: set[tuple[str, int]] = set()
+        created: set[tuple[str, int, int]] = set()
         versions: dict[tuple[str, int], int] = {}
 
         def write(df: DataFrame, batch_id: int, ready: Callable[[], object] | None) -> None:

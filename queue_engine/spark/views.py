@@ -17,6 +17,9 @@ Views (every per-channel view has ``topic`` and ``channel`` columns first):
   fin_per_s (FINs in the minute before the query, or before ``as_of``, / 60, to 3 decimals:
   it falls to 0 when a channel goes quiet).
 
+And one view per typed topic (queue_engine.topic_schema), ``topic_<t>`` (named as its catalog
+entry, queue_engine.spark.catalog): the topic table's rows with the typed fields as columns.
+
 ``as_of`` (a timestamp) reads every table as it was then (Delta time travel): the registry,
 the channel tables, the ledgers, and the state each channel's sweep had written by then.
 """
@@ -176,7 +179,28 @@ def register_views(
     # falls to 0, though its last sweep (skipped since: nothing changed) saw FINs.
     now_us = int((when or datetime.now(UTC)).timestamp() * 1_000_000)
     spark.sql(_QUEUE_STATS.format(now_us=now_us)).createOrReplaceTempView("queue_stats")
-    return list(VIEWS)
+    return list(VIEWS) + _topic_views(spark, wh, registry, when)
+
+
+def _topic_views(
+    spark: SparkSession, wh: Warehouse, registry: Registry, as_of: datetime | None
+) -> list[str]:
+    """A view of each typed topic's table, its typed columns included."""
+    from queue_engine.spark.catalog import catalog_name
+
+    names = []
+    for info in sorted(registry.topics.values(), key=lambda t: t.name):
+        if info.schema is None:
+            continue
+        reader = spark.read.format("deltaq")
+        if as_of is not None:
+            if open_as_of(wh.topic_path(info.name), as_of) is None:
+                continue
+            reader = reader.option("timestampAsOf", as_of.isoformat())
+        name = catalog_name("topic", info.name)
+        reader.load(wh.topic_path(info.name)).createOrReplaceTempView(name)
+        names.append(name)
+    return names
 
 
 def _ts(us: int) -> datetime:

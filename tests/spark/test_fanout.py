@@ -18,6 +18,7 @@ import httpx
 import pytest
 from chispa import assert_df_equality
 from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -38,7 +39,11 @@ def channel_bodies(warehouse: Path, topic: str, channel: str) -> list[bytes]:
     path = warehouse / "channels" / topic / channel / "messages"
     if not path.exists():
         return []
-    return sorted(DeltaTable(str(path)).to_pyarrow_table()["body"].to_pylist())
+    try:
+        table = DeltaTable(str(path))
+    except TableNotFoundError:  # a channel being deleted or created has a log with no commit yet
+        return []
+    return sorted(table.to_pyarrow_table()["body"].to_pylist())
 
 
 def channel_frame(spark: SparkSession, warehouse: Path, topic: str, channel: str) -> DataFrame:

@@ -9,7 +9,7 @@ the message is dead-lettered again, with a new ``dead_at``, when it is next take
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,6 +19,7 @@ from queue_engine.channel_queue import DeadLetter
 from queue_engine.store.delta.append import Appender, append_or_fall_back, appender_for
 from queue_engine.store.delta.open_table import open_or_create
 from queue_engine.store.tables.schemas import DEAD_LETTER_SCHEMA, HEADERS_TYPE
+from queue_engine.topic_schema import TopicSchema
 
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -46,8 +47,14 @@ def letters_to_arrow(letters: Sequence[DeadLetter]) -> pa.Table:
 class DeadLetterStore:
     """Appends dead letters to one channel's table and reads the newest of given ids back."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(
+        self, path: str, schema_of: Callable[[], TopicSchema | None] = lambda: None
+    ) -> None:
         self.path = path
+        # A typed topic's schema: its fields are columns of the dead letters too, converted
+        # from their bodies as on the channel's rows.
+        self._schema_of = schema_of
+        self._columns = DEAD_LETTER_SCHEMA
         self._appender: Appender | None = None
         self._lock = threading.Lock()
 
@@ -56,9 +63,18 @@ class DeadLetterStore:
         if not letters:
             return -1
         table = letters_to_arrow(letters)
+        schema = self._schema_of()
+        if schema is not None:
+            typed = schema.lenient_columns(table["body"].to_pylist())
+            for field, column in zip(schema.arrow_fields, typed, strict=True):
+                table = table.append_column(field, column)
         with self._lock:
+            if self._appender is not None and table.schema != self._columns:
+                self._appender.close()  # the topic's schema gained fields
+                self._appender = None
             if self._appender is None:
-                open_or_create(self.path, DEAD_LETTER_SCHEMA)
+                open_or_create(self.path, table.schema)
+                self._columns = table.schema
                 self._appender = appender_for(self.path)
             try:
                 self._appender, version = append_or_fall_back(self._appender, self.path, table)

@@ -9,6 +9,7 @@ import bisect
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,10 +24,11 @@ from queue_engine.metrics import TOPIC_COMMIT_SECONDS
 from queue_engine.store.delta.append import DeltaRsAppender
 from queue_engine.store.delta.commit_log import messages_added
 from queue_engine.store.delta.group_commit import GroupCommitter, Notify, WriterClosedError
-from queue_engine.store.delta.open_table import open_or_create
+from queue_engine.store.delta.open_table import add_missing_columns, open_or_create
 from queue_engine.store.journal.records import Record
 from queue_engine.store.tables.ids import hex_id_array
 from queue_engine.store.tables.schemas import HEADERS_TYPE, TOPIC_SCHEMA
+from queue_engine.topic_schema import TopicSchema
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +75,14 @@ class TopicWriter(GroupCommitter[_Publish]):
         fast_appends: bool = True,
         name: str = "",
         id_lane: int = 0,
+        schema_of: Callable[[], TopicSchema | None] = lambda: None,
     ) -> None:
         dt = open_or_create(path, TOPIC_SCHEMA)
+        # The topic's declared schema (queue_engine.topic_schema), asked at each commit: its
+        # fields are columns of the rows committed from then on.
+        self._schema_of = schema_of
+        # The schema whose columns the table is known to have.
+        self._evolved: TopicSchema | None = None
         # Commits of journaled publishes record this app transaction (queue_engine.store
         # .journal): version = the newest journal position the commit carries. Set by the
         # node once its journal runs.
@@ -181,7 +189,7 @@ class TopicWriter(GroupCommitter[_Publish]):
                 count = sum(len(p.bodies) for p in batch)
                 first = self._ids.allocate(count, time.time_ns() // 1_000_000)
                 txn = Transaction(app, chunk[-1].position)
-                version = self._append(_to_arrow(batch, first, count), txn)
+                version = self._append(self._typed(_to_arrow(batch, first, count)), txn)
                 self._committed(version, count, size)
                 committed += count
             return committed
@@ -250,7 +258,7 @@ class TopicWriter(GroupCommitter[_Publish]):
                 ],
                 schema=TOPIC_SCHEMA,
             )
-            version = self._append(table, Transaction(app_id, 1))
+            version = self._append(self._typed(table), Transaction(app_id, 1))
             self._committed(version, count, int(pc.sum(pc.binary_length(bodies)).as_py() or 0))
             return version
 
@@ -261,9 +269,33 @@ class TopicWriter(GroupCommitter[_Publish]):
         txn = None
         if positions and self.journal_app_id is not None:
             txn = Transaction(self.journal_app_id, max(positions))
-        version = self._append(_to_arrow(batch, first, count), txn)
+        version = self._append(self._typed(_to_arrow(batch, first, count)), txn)
         # Leaving the queue and joining the count in one step: stats never miss them between.
         self._committed(version, count, sum(p.nbytes for p in batch), was_queued=count)
+
+    def declare(self, schema: TopicSchema) -> None:
+        """Add the columns of ``schema`` the table lacks (blocking; ordered with the commits)."""
+        with self.exclusive():
+            self._evolve(schema)
+
+    def _evolve(self, schema: TopicSchema) -> None:
+        if schema != self._evolved:
+            add_missing_columns(DeltaTable(self.path), _with_fields(schema))
+            self._appender.reopen()
+            self._evolved = schema
+
+    def _typed(self, table: pa.Table) -> pa.Table:
+        """``table`` with the typed columns of the topic's schema, converted from its bodies
+        (a value that does not fit, possible only for a field declared after its message was
+        taken, reads null); the table gains the columns first. With the commit lock held."""
+        schema = self._schema_of()
+        if schema is None:
+            return table
+        self._evolve(schema)
+        columns = schema.lenient_columns(table["body"].to_pylist())
+        for field, column in zip(schema.arrow_fields, columns, strict=True):
+            table = table.append_column(field, column)
+        return table
 
     def _dropped(self, items: list[_Publish]) -> None:
         with self._cond:
@@ -280,6 +312,10 @@ class TopicWriter(GroupCommitter[_Publish]):
             self._commits += 1
             self._committed_messages += count
             self._committed_bytes += nbytes
+
+
+def _with_fields(schema: TopicSchema) -> pa.Schema:
+    return pa.schema([*TOPIC_SCHEMA, *schema.arrow_fields])
 
 
 def _to_arrow(batch: list[_Publish], first_id: int, count: int) -> pa.Table:
