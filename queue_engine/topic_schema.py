@@ -59,7 +59,8 @@ RESERVED = frozenset(
     }
 )
 
-_DATE_TEXT = r"\d{4}-\d\d-\d\d"
+# Years 0001-9999, as Spark's dates.
+_DATE_TEXT = r"(?:000[1-9]|00[1-9]\d|0[1-9]\d\d|[1-9]\d{3})-\d\d-\d\d"
 # RFC 3339 with a zone (an instant: Spark's TIMESTAMP), microseconds at most.
 _TIMESTAMP_TEXT = _DATE_TEXT + r"[T ]\d\d:\d\d:\d\d(?:\.\d{1,6})?(?:Z|[+-]\d\d:\d\d)"
 
@@ -218,7 +219,16 @@ class TopicSchema:
             return [pa.array([], f.type.arrow) for f in self.fields]
         # One body a line: a body's own line breaks (pretty-printed JSON) are whitespace, read
         # as the same object once compacted.
-        lines = [orjson.dumps(orjson.loads(b)) if b"\n" in b or b"\r" in b else b for b in bodies]
+        try:
+            lines = [
+                orjson.dumps(orjson.loads(b)) if b"\n" in b or b"\r" in b else b for b in bodies
+            ]
+        except orjson.JSONDecodeError as exc:
+            raise _Unfit(f"not JSON ({exc})") from exc
+        # Only objects reach Arrow's reader: a block starting with a bare null crashes it
+        # (pyarrow 26: a segmentation fault, not an error).
+        if not all(line.lstrip(b" \t")[:1] == b"{" for line in lines):
+            raise _Unfit("a typed topic takes a JSON object")
         data = b"\n".join(lines)
         try:
             table = pj.read_json(
@@ -228,7 +238,7 @@ class TopicSchema:
                     explicit_schema=self._read_schema, unexpected_field_behavior="ignore"
                 ),
             )
-        except (pa.ArrowInvalid, orjson.JSONDecodeError) as exc:
+        except pa.ArrowInvalid as exc:
             raise _Unfit(_arrow_reason(str(exc))) from exc
         if table.num_rows != len(bodies):
             raise _Unfit("not one JSON object")

@@ -1,0 +1,224 @@
+"""Typed topics' schemas: arbitrary JSON against arbitrary schemas is accepted exactly when it
+fits by the rules docs/http-api.md states, and converts to the values those rules give; the
+reason a body is refused names its line and field; schemas parse and evolve by their rules."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.topic_schema import RESERVED, TopicSchema, evolve, parse_schema
+
+TYPES = ("STRING", "BOOLEAN", "INT", "BIGINT", "DOUBLE", "DATE", "TIMESTAMP")
+NAMES = ("a", "b_2", "Sku", "amount")
+_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(\.\d{1,6})?(Z|[+-]\d\d:\d\d)", re.ASCII)
+_DATE = re.compile(r"\d{4}-\d\d-\d\d", re.ASCII)
+
+
+def expected(kind: str, value: Any) -> tuple[bool, Any]:
+    """(fits, its column value) by the documented rules."""
+    if value is None:
+        return True, None
+    match kind:
+        case "STRING":
+            return isinstance(value, str), value
+        case "BOOLEAN":
+            return isinstance(value, bool), value
+        case "INT" | "BIGINT":
+            bits = 31 if kind == "INT" else 63
+            fits = (
+                isinstance(value, int)
+                and not isinstance(value, bool)
+                and -(2**bits) <= value < 2**bits
+            )
+            return fits, value
+        case "DOUBLE":
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                return False, None
+            return True, float(value)
+        case "DATE":
+            if not isinstance(value, str) or not _DATE.fullmatch(value):
+                return False, None
+            try:
+                return True, dt.date.fromisoformat(value)
+            except ValueError:
+                return False, None
+        case _:
+            if not isinstance(value, str) or not _TIMESTAMP.fullmatch(value):
+                return False, None
+            try:
+                parsed = dt.datetime.fromisoformat(value.replace(" ", "T", 1))
+                return True, parsed.astimezone(dt.UTC)
+            except (ValueError, OverflowError):
+                return False, None
+
+
+_dates = st.dates().map(dt.date.isoformat)
+_offsets = st.sampled_from(["Z", "+00:00", "+01:00", "-05:30", "+23:59", "+24:00", "-00:60", ""])
+_timestamps = st.builds(
+    lambda d, sep, frac, zone: d.strftime(f"%Y-%m-%d{sep}%H:%M:%S") + frac + zone,
+    st.datetimes(min_value=dt.datetime(1, 1, 2), max_value=dt.datetime(9999, 12, 30)),
+    st.sampled_from(["T", " ", "t"]),
+    st.sampled_from(["", ".5", ".123456", ".1234567"]),
+    _offsets,
+)
+_near_dates = st.builds(
+    lambda y, m, d: f"{y:04d}-{m:02d}-{d:02d}",
+    st.integers(0, 10000),
+    st.integers(0, 13),
+    st.integers(0, 32),
+)
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**64), 2**64),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=8),
+    _dates,
+    _near_dates,
+    _timestamps,
+)
+_json = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+_schemas = st.lists(
+    st.tuples(st.sampled_from(NAMES), st.sampled_from(TYPES), st.booleans()),
+    min_size=1,
+    max_size=4,
+    unique_by=lambda f: f[0].lower(),
+)
+_objects = st.dictionaries(st.sampled_from([*NAMES, "other"]), _json, max_size=5)
+_bodies = st.one_of(_objects, _objects, _objects, _json)
+
+
+def schema_of(fields: list[tuple[str, str, bool]]) -> TopicSchema:
+    return parse_schema(", ".join(f"{n} {t}{' NOT NULL' if nn else ''}" for n, t, nn in fields))
+
+
+@given(_schemas, st.lists(_bodies, min_size=1, max_size=6))
+def test_bodies_are_taken_exactly_when_they_fit_and_convert_to_their_values(
+    fields: list[tuple[str, str, bool]], values: list[Any]
+) -> None:
+    schema = schema_of(fields)
+    bodies = [json.dumps(v).encode() for v in values]
+    first_unfit = None
+    columns: list[list[Any]] = [[] for _ in fields]
+    for line, value in enumerate(values, 1):
+        fits = isinstance(value, dict)
+        for i, (name, kind, not_null) in enumerate(fields):
+            field_value = value.get(name) if isinstance(value, dict) else None
+            ok, converted = expected(kind, field_value)
+            fits = fits and ok and not (not_null and field_value is None)
+            columns[i].append(converted)
+        if not fits and first_unfit is None:
+            first_unfit = line
+    if first_unfit is None:
+        got = [c.to_pylist() for c in schema.columns(bodies)]
+        assert got == columns
+    else:
+        with pytest.raises(QueueError) as refused:
+            schema.columns(bodies)
+        assert refused.value.code is ErrorCode.INVALID_BODY
+        if len(bodies) > 1:
+            assert refused.value.detail.startswith(f"line {first_unfit}: "), refused.value.detail
+
+
+@given(_schemas, st.lists(_bodies, min_size=1, max_size=6))
+def test_lenient_conversion_keeps_every_value_that_fits_its_field(
+    fields: list[tuple[str, str, bool]], values: list[Any]
+) -> None:
+    """What the fanout and dead letters use: never refuses, each field on its own."""
+    schema = schema_of(fields)
+    got = [c.to_pylist() for c in schema.lenient_columns([json.dumps(v).encode() for v in values])]
+    want = []
+    for name, kind, _ in fields:
+        column = []
+        for value in values:
+            field_value = value.get(name) if isinstance(value, dict) else None
+            ok, converted = expected(kind, field_value)
+            column.append(converted if ok else None)
+        want.append(column)
+    assert got == want
+
+
+def test_the_reason_names_the_field_and_what_it_must_be() -> None:
+    schema = parse_schema("sku STRING NOT NULL, qty INT, at TIMESTAMP")
+    cases = {
+        b'{"qty": 1}': "field sku: required (NOT NULL), absent or null",
+        b'{"sku": "a", "qty": "2"}': (
+            'field qty: expected INT: an integer from -2147483648 to 2147483647; got a string "2"'
+        ),
+        b'{"sku": "a", "at": 5}': (
+            "field at: expected TIMESTAMP: a time with its zone, as 2026-01-31T12:00:00Z or "
+            "2026-01-31 12:00:00.5+01:00; got an integer 5"
+        ),
+        b"[]": "a typed topic takes a JSON object, not an array",
+    }
+    for content, reason in cases.items():
+        with pytest.raises(QueueError) as refused:
+            schema.columns([b'{"sku": "fine"}', content])
+        assert refused.value.detail == f"line 2: {reason}"
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("", "empty"),
+        ("a", "'a': name TYPE"),
+        ("a INT, A BIGINT", "field A twice"),
+        ("a DECIMAL(10,2)", "field a: type DECIMAL(10, 2) is not taken"),
+        ("a ARRAY<INT>", "field a: type ARRAY<INT> is not taken"),
+        ("a INT DEFAULT 1", "field a: 'DEFAULT 1' is not taken"),
+        ("a INT) USING delta AS SELECT 1 --", "a list of fields"),
+        ("a INT b", "not Spark DDL"),
+        ("`a b` INT", "field 'a b': a name is"),
+        *[(f"{name} STRING", f"field '{name}': the tables' own column") for name in RESERVED],
+    ],
+)
+def test_schemas_that_are_not_taken_say_why(text: str, reason: str) -> None:
+    with pytest.raises(QueueError) as refused:
+        parse_schema(text)
+    assert refused.value.code is ErrorCode.INVALID_SCHEMA
+    assert refused.value.detail.startswith(reason), refused.value.detail
+
+
+def test_a_schema_has_one_canonical_text() -> None:
+    schema = parse_schema("sku string not null COMMENT 'the item', `qty` int NULL, at timestamp")
+    assert schema.ddl == "`sku` STRING NOT NULL, `qty` INT, `at` TIMESTAMP"
+    assert parse_schema(schema.ddl) == schema
+
+
+@pytest.mark.parametrize(
+    ("new", "refusal"),
+    [
+        ("a INT NOT NULL, b STRING", None),
+        ("a INT, b STRING", None),  # NOT NULL relaxed
+        ("a INT NOT NULL, b STRING, c DATE", None),
+        ("a INT NOT NULL", "field b is dropped"),
+        ("a BIGINT NOT NULL, b STRING", "field a: INT to BIGINT"),
+        ("a INT NOT NULL, b STRING NOT NULL", "field b: NOT NULL added"),
+        ("a INT NOT NULL, b STRING, c DATE NOT NULL", "field c: a field added later is nullable"),
+        ("b STRING, a INT NOT NULL", "fields keep their order"),
+        ("A INT NOT NULL, b STRING", "field a renamed to A"),
+    ],
+)
+def test_a_schema_evolves_by_deltas_rules(new: str, refusal: str | None) -> None:
+    old = parse_schema("a INT NOT NULL, b STRING")
+    if refusal is None:
+        evolve(old, parse_schema(new))
+        return
+    with pytest.raises(QueueError) as refused:
+        evolve(old, parse_schema(new))
+    assert refused.value.code is ErrorCode.SCHEMA_CHANGE_REFUSED
+    assert refused.value.detail.startswith(refusal), refused.value.detail
