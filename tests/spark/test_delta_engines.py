@@ -156,6 +156,72 @@ def test_delta_spark_reads_every_table_deltaq_writes(
     assert count(delta, topic, versionAsOf=str(compacted.version)) == 64
 
 
+def test_a_typed_topics_fields_are_columns_for_delta_spark_sql_views_and_streams(
+    delta: SparkSession, served: tuple[Path, httpx.Client]
+) -> None:
+    wh, c = served
+    r = c.post("/topic/create", params={"topic": "orders", "schema": "sku STRING, amount DOUBLE"})
+    assert r.status_code == 200, r.text
+    for channel, extra in (("c", {}), ("dl", {"max_attempts": "1"})):
+        params = {"topic": "orders", "channel": channel, **extra}
+        assert c.post("/channel/create", params=params).is_success
+    lines = b'{"sku": "a", "amount": 2.5}\n{"sku": "b", "amount": 4}\n{"sku": "a", "amount": 1}'
+    assert c.post("/mpub", params={"topic": "orders"}, content=lines).text == "OK"
+    # A field added later: the older rows read it as null.
+    r = c.post(
+        "/topic/configure",
+        params={"topic": "orders", "schema": "sku STRING, amount DOUBLE, region STRING"},
+    )
+    assert r.status_code == 200, r.text
+    later = b'{"sku": "b", "amount": 10, "region": "eu"}'
+    assert c.post("/pub", params={"topic": "orders"}, content=later).text == "OK"
+    run_once(delta, wh)
+    dying = sub(c, "orders", "dl", max=4, wait_ms=5000)
+    assert len(dying) == 4
+    assert answer(c, "req", "orders", "dl", *dying).status_code == 200
+    assert sub(c, "orders", "dl", max=4, wait_ms=500) == []
+
+    w = Warehouse(str(wh))
+    topic = delta.read.format("delta").load(w.topic_path("orders"))
+    assert topic.schema["amount"].dataType.simpleString() == "double"
+    names = register_views(delta, str(wh), database="deltaq_typed")
+    assert "topic_orders" in names
+    query = "SELECT sku, sum(amount) AS total FROM {} WHERE amount > 1 GROUP BY sku ORDER BY sku"
+    for table in ("topic_orders", "deltaq_typed.topic_orders"):
+        totals = [(row.sku, row.total) for row in delta.sql(query.format(table)).collect()]
+        assert totals == [("a", 2.5), ("b", 14.0)], table
+    regions = delta.sql("SELECT sku, region FROM deltaq_typed.topic_orders ORDER BY amount")
+    assert [(row.sku, row.region) for row in regions.collect()] == [
+        ("a", None),
+        ("a", None),
+        ("b", None),
+        ("b", "eu"),
+    ]
+    for table in ("channel_orders__c_messages", "channel_orders__dl_dead"):
+        rows_of = delta.sql(
+            f"SELECT sum(amount) AS s, count(region) AS r FROM deltaq_typed.{table}"
+        )
+        assert [(row.s, row.r) for row in rows_of.collect()] == [(17.5, 1)], table
+    # A user's own stream of the topic gets the typed columns as well.
+    stream = (
+        delta.readStream.format("delta")
+        .load(w.topic_path("orders"))
+        .select("sku", "amount")
+        .writeStream.format("memory")
+        .queryName("typed_orders")
+        .trigger(availableNow=True)
+        .start()
+    )
+    stream.awaitTermination(120)
+    got = delta.sql("SELECT sku, amount FROM typed_orders ORDER BY amount").collect()
+    assert [(row.sku, row.amount) for row in got] == [
+        ("a", 1.0),
+        ("a", 2.5),
+        ("b", 4.0),
+        ("b", 10.0),
+    ]
+
+
 def rows_at(path: str, version: int) -> int:
     return int(DeltaTable(path, version=version).to_pyarrow_table().num_rows)
 

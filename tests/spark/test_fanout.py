@@ -46,10 +46,17 @@ def channel_bodies(warehouse: Path, topic: str, channel: str) -> list[bytes]:
     return sorted(table.to_pyarrow_table()["body"].to_pylist())
 
 
-def channel_frame(spark: SparkSession, warehouse: Path, topic: str, channel: str) -> DataFrame:
-    """A channel table's rows as a Spark DataFrame (read by delta-rs)."""
+def channel_frame(
+    spark: SparkSession, warehouse: Path, topic: str, channel: str, *, typed: bool = False
+) -> DataFrame:
+    """A channel table's rows as a Spark DataFrame (read by delta-rs); ``typed``: a typed
+    topic's channel, its fields as columns and no headers (Spark cannot compare maps)."""
     path = warehouse / "channels" / topic / channel / "messages"
-    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    table = DeltaTable(str(path)).to_pyarrow_table()
+    if typed:
+        table = table.drop_columns(["headers"])
+        return spark.createDataFrame(table.to_pylist(), from_arrow_schema(table.schema))
+    rows = table.to_pylist()
     for row in rows:
         row["headers"] = None if row["headers"] is None else dict(row["headers"])
     return spark.createDataFrame(rows, from_arrow_schema(CHANNEL_MESSAGES_SCHEMA))
@@ -113,6 +120,21 @@ def test_fanout_rules(
     post("/channel/create", topic="e", channel="first")
     # Topic n: no channel at all yet.
     pub("n", "n0")
+    # Topic o: typed; its fields are columns of the channel rows, and a filter reads them.
+    post("/topic/create", topic="o", schema="sku STRING, amount DOUBLE, qty INT")
+    post("/channel/create", topic="o", channel="all")
+    big = "amount >= 10 AND sku LIKE 'A%' OR qty IN (1, 2)"
+    post("/channel/create", topic="o", channel="big", filter=big)
+    orders = [
+        {"sku": "A-1", "amount": 12.5},
+        {"sku": "A-2", "amount": 9.99, "qty": 3},
+        {"sku": "B-1", "amount": 100, "qty": 2},
+        {"sku": "A-3"},
+        {"amount": 10},
+        {"sku": "A-4", "amount": 1e6, "qty": 1},
+    ]
+    lines = b"\n".join(json.dumps(o).encode() for o in orders)
+    assert c.post("/mpub", params={"topic": "o"}, content=lines).text == "OK"
 
     moved = run_once(spark, wh, channel_format)
     assert channel_bodies(wh, "a", "c1") == [b"a0", b"a1", b"a1b", b"a2"]
@@ -132,6 +154,18 @@ def test_fanout_rules(
     assert channel_bodies(wh, "b", "b1") == []
     assert channel_bodies(wh, "e", "first") == [b"e1"]
     assert not (wh / "channels" / "n").exists()
+    typed = DeltaTable(str(wh / "channels" / "o" / "all" / "messages")).to_pyarrow_table()
+    assert sorted(typed.select(["sku", "amount", "qty"]).to_pylist(), key=str) == sorted(
+        [{"sku": None, "amount": None, "qty": None} | o for o in orders], key=str
+    )
+    assert_df_equality(
+        channel_frame(spark, wh, "o", "big", typed=True),
+        channel_frame(spark, wh, "o", "all", typed=True).filter(F.expr(big)),
+        ignore_row_order=True,
+    )
+    assert channel_bodies(wh, "o", "big") == sorted(
+        json.dumps(o).encode() for o in (orders[0], orders[2], orders[5])
+    )
 
     post("/topic/unpause", topic="b")
     post("/channel/delete", topic="a", channel="c2")
@@ -208,7 +242,7 @@ def test_spark_writer_skips_a_replayed_batch(
 
     batch = rows_of("t").union(rows_of("u"))
     reader = RegistryReader(warehouse.registry_path)
-    created: set[tuple[str, int]] = set()
+    created: set[tuple[str, int, int]] = set()
     # It answers with the batch's topic rows: three of t, one of u.
     assert fanout_batch_by_spark(batch, 5, reader, warehouse, "deltaq", created) == 4
     # Spark replays batch 5 after a crash: every channel already recorded it.
