@@ -82,9 +82,9 @@ _FIELDS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
 _FIELD_KINDS = {
     "STRING": "string",
     "BOOLEAN": "boolean",
-    "INT": "number",
-    "BIGINT": "number",
-    "DOUBLE": "number",
+    "INT": "integer",
+    "BIGINT": "integer",
+    "DOUBLE": "double",
     "DATE": "date",
     "TIMESTAMP": "timestamp",
 }
@@ -115,7 +115,7 @@ def compile_filter(text: str, fields: Fields = ()) -> ChannelFilter:
         finally:
             _FIELDS.reset(token)
         if kind != "boolean":
-            raise _Refused(f"a filter is a condition (true or false), not a {kind}")
+            raise _Refused(f"a filter is a condition (true or false), not a {_shown(kind)}")
     except _Refused as exc:
         raise QueueError(ErrorCode.INVALID_FILTER, str(exc)) from exc
     except RecursionError as exc:
@@ -153,6 +153,7 @@ def _translate_positive(node: exp.Expr) -> tuple[str, Any]:
         left_kind, left = _operand(node.this)
         right_kind, right = _operand(node.expression)
         _same(left_kind, right_kind, op)
+        left, right = _unified(left_kind, left, right_kind, right)
         return "boolean", _compare(op, left, right)
     if isinstance(node, exp.In):
         kind, value = _operand(node.this)
@@ -162,7 +163,8 @@ def _translate_positive(node: exp.Expr) -> tuple[str, Any]:
         for item in node.expressions:
             item_kind, item_value = _operand(item)
             _same(kind, item_kind, "IN")
-            equal = value == item_value
+            this, item_value = _unified(kind, value, item_kind, item_value)
+            equal = this == item_value
             result = equal if result is None else result | equal
         return "boolean", result
     if isinstance(node, exp.Between):
@@ -173,7 +175,9 @@ def _translate_positive(node: exp.Expr) -> tuple[str, Any]:
         high_kind, high = _operand(node.args["high"])
         _same(kind, low_kind, "BETWEEN")
         _same(kind, high_kind, "BETWEEN")
-        return "boolean", (value >= low) & (value <= high)
+        above, low = _unified(kind, value, low_kind, low)
+        below, high = _unified(kind, value, high_kind, high)
+        return "boolean", (above >= low) & (below <= high)
     if isinstance(node, exp.Like):
         kind, value = _operand(node.this)
         pattern = node.expression
@@ -197,7 +201,7 @@ _TAKEN = (
 def _boolean(node: exp.Expr) -> Any:
     kind, value = _translate(node)
     if kind != "boolean":
-        raise _Refused(f"{node.sql(dialect='spark')!r} is a {kind}, not a condition")
+        raise _Refused(f"{node.sql(dialect='spark')!r} is a {_shown(kind)}, not a condition")
     return value
 
 
@@ -228,10 +232,10 @@ def _operand(node: exp.Expr) -> tuple[str, Any]:
         return "string", pc.map_lookup(pc.field("headers"), pa.scalar(keys[0].this), "first")
     if isinstance(node, exp.Literal):
         if not node.is_string:
-            return "number", pc.scalar(_number(node.this))
+            return _number(node.this)
         return "string", pc.scalar(node.this)
     if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
-        return "number", pc.scalar(_number("-" + node.this.this))
+        return _number("-" + node.this.this)
     if isinstance(node, exp.Cast):
         # sqlglot reads TIMESTAMP '...' and DATE '...' as casts of the string.
         literal = (
@@ -273,20 +277,23 @@ _INTEGER = re.compile(r"-?\d+")
 _DECIMAL = re.compile(r"-?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
 
-def _number(text: str) -> int | float:
-    """A number literal: an integer within 64 bits, or a decimal/exponent read as a double
-    (as Spark compares it with a DOUBLE column, and with an integer one in range)."""
+def _number(text: str) -> tuple[str, Any]:
+    """A number literal: an integer within 64 bits, or a decimal/exponent read as a double.
+    Spark compares a decimal literal with an integer exactly and Arrow as doubles: with at
+    most 15 significant digits and under 2**53 the two agree."""
     if _INTEGER.fullmatch(text):
         value = int(text)
         if not -_INT64 <= value < _INT64:
             raise _Refused(f"{text}: an integer literal fits in 64 bits")
-        return value
+        return "integer", pc.scalar(value)
     if not _DECIMAL.fullmatch(text):
         raise _Refused(f"{text}: not a number literal (as 12, 1.5 or 2e3)")
+    mantissa = re.split("[eE]", text)[0]
+    digits = mantissa.replace("-", "").replace(".", "").lstrip("0")
     double = float(text)
-    if double in (float("inf"), float("-inf")):
-        raise _Refused(f"{text}: out of a double's range")
-    return double
+    if len(digits) > 15 or abs(double) >= 2**53:
+        raise _Refused(f"{text}: a decimal literal has at most 15 digits and is under 2**53")
+    return "double", pc.scalar(double)
 
 
 _DATE = re.compile(r"\d{4}-\d\d-\d\d")
@@ -301,9 +308,25 @@ def _date(text: str) -> date:
         raise _Refused(f"DATE {text!r}: not a date") from exc
 
 
+_NUMERIC = ("integer", "double")
+
+
+def _shown(kind: str) -> str:
+    return "number" if kind in _NUMERIC else kind
+
+
 def _same(left: str, right: str, op: str) -> None:
-    if left != right:
-        raise _Refused(f"{op} compares a {left} with a {right}")
+    if left != right and not (left in _NUMERIC and right in _NUMERIC):
+        raise _Refused(f"{op} compares a {_shown(left)} with a {_shown(right)}")
+
+
+def _unified(left_kind: str, left: Any, right_kind: str, right: Any) -> tuple[Any, Any]:
+    """Numbers as Spark compares them: two integers as 64-bit integers, else as doubles."""
+    if left_kind not in _NUMERIC:
+        return left, right
+    common = pa.int64() if left_kind == right_kind == "integer" else pa.float64()
+    # Unchecked: a 64-bit integer past 2**53 rounds to the nearest double, as in Spark.
+    return left.cast(common, safe=False), right.cast(common, safe=False)
 
 
 def _compare(op: str, left: Any, right: Any) -> Any:

@@ -1,10 +1,11 @@
-"""Channel filters give Spark's answers: each random filter over random rows keeps, in Arrow
-(the fanout loop and driver), exactly the rows Spark's own WHERE keeps (its writer path)."""
+"""Channel filters give Spark's answers: each random filter over random rows (a typed topic's
+fields among their columns) keeps, in Arrow (the fanout loop and driver), exactly the rows
+Spark's own WHERE keeps (its writer path)."""
 
 from __future__ import annotations
 
 import random
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import pyarrow as pa
 import pytest
@@ -17,6 +18,13 @@ from queue_engine.errors import QueueError
 from queue_engine.fanout import filter_expression, filter_sql
 from queue_engine.registry import ChannelInfo
 from queue_engine.store.tables import HEADERS_TYPE
+from queue_engine.topic_schema import parse_schema
+
+TYPED = parse_schema(
+    "sku STRING, amount DOUBLE, qty INT, big BIGINT, day DATE, gift BOOLEAN, at TIMESTAMP"
+)
+FIELDS = tuple(TYPED.kinds.items())
+_NUMBERS = ["0", "1", "-1", "2.5", "-0.5", "1e3", "3", "2147483647", "9007199254740993", ".5"]
 
 _TS = pa.timestamp("us", tz="UTC")
 _BASE = datetime(2026, 1, 1, tzinfo=UTC)
@@ -32,6 +40,7 @@ SCHEMA = pa.schema(
         pa.field("expires_at", _TS),
         pa.field("headers", HEADERS_TYPE),
         pa.field("topic_version", pa.int64()),
+        *TYPED.arrow_fields,
     ]
 )
 
@@ -57,6 +66,17 @@ def _rows(rng: random.Random, n: int) -> pa.Table:
             "expires_at": [maybe(when()) for _ in range(n)],
             "headers": [headers() for _ in range(n)],
             "topic_version": [rng.randrange(0, 6) for _ in range(n)],
+            "sku": [maybe(rng.choice(_VALUES)) for _ in range(n)],
+            "amount": [
+                maybe(rng.choice([0.0, 1.0, -1.0, 2.5, -0.5, 1000.0, 3.25])) for _ in range(n)
+            ],
+            "qty": [maybe(rng.choice([0, 1, -1, 3, 2147483647, -2147483648])) for _ in range(n)],
+            "big": [
+                maybe(rng.choice([0, 3, 9007199254740993, -(2**63), 2**63 - 1])) for _ in range(n)
+            ],
+            "day": [maybe(date(2026, 1, rng.randrange(1, 4))) for _ in range(n)],
+            "gift": [maybe(rng.random() < 0.5) for _ in range(n)],
+            "at": [maybe(when()) for _ in range(n)],
         },
         schema=SCHEMA,
     )
@@ -77,8 +97,35 @@ def _time(rng: random.Random) -> str:
     return f"TIMESTAMP '{at.isoformat()}'"
 
 
+def _typed(rng: random.Random) -> str:
+    """A condition over the typed fields."""
+    match rng.randrange(6):
+        case 0 | 1:
+            op = rng.choice(["=", "!=", "<", "<=", ">", ">="])
+            left = rng.choice(["amount", "qty", "big"])
+            right = rng.choice([*_NUMBERS, "amount", "qty", "big"])
+            return f"{left} {op} {right}"
+        case 2:
+            items = ", ".join(rng.choice(_NUMBERS) for _ in range(rng.randrange(1, 4)))
+            return f"{rng.choice(['amount', 'qty', 'big'])} {rng.choice(['', 'NOT '])}IN ({items})"
+        case 3:
+            low, high = rng.choice(_NUMBERS), rng.choice(_NUMBERS)
+            return f"{rng.choice(['amount', 'qty'])} BETWEEN {low} AND {high}"
+        case 4:
+            day = f"DATE '2026-01-0{rng.randrange(1, 4)}'"
+            return rng.choice([f"day {rng.choice(['<', '=', '>='])} {day}", "gift", "NOT gift"])
+        case _:
+            return rng.choice(
+                [f"at >= {_time(rng)}", f"sku = {_literal(rng)}", "gift = TRUE", "sku IS NULL"]
+            )
+
+
 def _condition(rng: random.Random, depth: int = 0) -> str:
-    pick = rng.randrange(10 if depth < 3 else 7)
+    pick = rng.randrange(11 if depth < 3 else 8)
+    if pick == 7:
+        return _typed(rng)
+    if pick > 7:
+        pick -= 1
     match pick:
         case 0 | 1:
             op = rng.choice(["=", "!=", "<>", "<", "<=", ">", ">="])
@@ -117,11 +164,14 @@ def test_random_filters_keep_the_rows_spark_keeps(spark: SparkSession) -> None:
     df = spark.createDataFrame(data, from_arrow_schema(SCHEMA))
     verdicts = df.select(
         "id",
-        *(F.expr(compile_filter(f).spark_sql).alias(f"f{i}") for i, f in enumerate(filters)),
+        *(
+            F.expr(compile_filter(f, FIELDS).spark_sql).alias(f"f{i}")
+            for i, f in enumerate(filters)
+        ),
     ).collect()
     for i, text in enumerate(filters):
         by_spark = sorted(r["id"] for r in verdicts if r[f"f{i}"] is True)
-        by_arrow = sorted(rows.filter(compile_filter(text).arrow)["id"].to_pylist())
+        by_arrow = sorted(rows.filter(compile_filter(text, FIELDS).arrow)["id"].to_pylist())
         assert by_arrow == by_spark, text
 
     # A channel's filters over its topic versions: the loop's condition and the one Spark's
@@ -129,10 +179,10 @@ def test_random_filters_keep_the_rows_spark_keeps(spark: SparkSession) -> None:
     channel = ChannelInfo(
         "c", 0, 0, filters=((1, filters[0]), (2, None), (3, filters[1]), (4, filters[2]))
     )
-    condition = filter_expression(channel)
+    condition = filter_expression(channel, FIELDS)
     assert condition is not None
     by_arrow = sorted(rows.filter(condition)["id"].to_pylist())
-    sql = filter_sql(channel)
+    sql = filter_sql(channel, FIELDS)
     assert sql is not None
     by_spark = sorted(r["id"] for r in df.filter(F.expr(sql)).select("id").collect())
     assert by_arrow == [r for r in by_spark] and by_arrow
@@ -146,7 +196,7 @@ def test_random_filters_keep_the_rows_spark_keeps(spark: SparkSession) -> None:
         ("region = 'eu'", "no column 'region'"),
         ("headers = 'eu'", "headers is a map"),
         ("headers[1] = 'eu'", "a header is named by a string"),
-        ("id = 7", "no column is a number"),
+        ("id = 7", "= compares a string with a number"),
         ("published_at > 'yesterday'", "> compares a timestamp with a string"),
         ("published_at > TIMESTAMP '2026-01-01 00:00:00'", "give it with its zone"),
         ("published_at > current_timestamp()", "is not taken in a filter"),
