@@ -44,8 +44,12 @@ def _existing_name(topic: str | None) -> str:
     ),
     responses={
         **_OK,
-        **_TOPIC_ERRORS,
-        **error_doc(ErrorCode.INVALID_SCHEMA, ErrorCode.SCHEMA_CHANGE_REFUSED),
+        **error_doc(
+            ErrorCode.MISSING_ARG_TOPIC,
+            ErrorCode.INVALID_TOPIC,
+            ErrorCode.INVALID_SCHEMA,
+            ErrorCode.SCHEMA_CHANGE_REFUSED,
+        ),
     },
     response_class=Response,
 )

@@ -183,7 +183,7 @@ def test_the_reason_names_the_field_and_what_it_must_be() -> None:
         ("a INT) USING delta AS SELECT 1 --", "a list of fields"),
         ("a INT b", "not Spark DDL"),
         ("`a b` INT", "field 'a b': a name is"),
-        *[(f"{name} STRING", f"field '{name}': the tables' own column") for name in RESERVED],
+        *[(f"{name} STRING", f"field '{name}': the tables' own column") for name in sorted(RESERVED)],
     ],
 )
 def test_schemas_that_are_not_taken_say_why(text: str, reason: str) -> None:
