@@ -26,7 +26,7 @@ def quick_start(readme: str) -> str:
     """The shell blocks of the README's "Quick start" section, one after the other."""
     section = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```sh\n(.*?)```", section, re.S)
-    assert len(blocks) == 2, "the quick start and its headers and filters"
+    assert len(blocks) == 2, "the quick start and its typed topic, headers and filters"
     return "\n".join(blocks)
 
 
@@ -116,18 +116,21 @@ def test_up_runs_the_readme_quick_start_and_stops_on_ctrl_c(tmp_path: Path) -> N
         ledger = [line for line in out.splitlines() if "|events" in line.replace(" ", "")]
         events = sorted(e for line in ledger for e in re.findall(r"\b(DELIVER|FIN)\b", line))
         assert events == ["DELIVER", "FIN"], out
-        # Headers and a filtered channel: the message comes with its headers, and SQL groups
-        # the channel's messages by one.
+        # A typed topic and a filtered channel: the message the filter lets in comes with its
+        # headers, the body that does not fit is refused, and SQL sums the typed field.
         assert '"headers":{"region":"eu"}' in out, out
-        assert re.search(r"\|\s*eu\s*\|\s*1\s*\|", out), out
+        assert '{"message":"INVALID_BODY","reason":"field amount: expected DOUBLE' in out, out
+        assert re.search(r"\|\s*A-1\s*\|\s*250\.0\s*\|", out), out
+        assert re.search(r"\|\s*B-2\s*\|\s*12\.5\s*\|", out), out
         # The http-api.md examples of headers and filters, as written, on the same deltaq up.
         examples = docs_examples(
-            (ROOT / "docs" / "http-api.md").read_text(), ["Headers", "Filtered channels"]
+            (ROOT / "docs" / "http-api.md").read_text(),
+            ["Headers", "Typed topics", "Filtered channels"],
         )
         examples = examples.replace("127.0.0.1:4151", f"{HOST}:{port}")
         docs_run = run_bash(examples, tmp_path, shell_env, 60)
-        # The /pub and the /mpub answered OK; nothing answered an error ({"message": ...}).
-        assert docs_run.stdout.count("OK") == 2, docs_run.stdout
+        # The /pubs and the /mpubs answered OK; nothing answered an error ({"message": ...}).
+        assert docs_run.stdout.count("OK") == 4, docs_run.stdout
         assert "message" not in docs_run.stdout, docs_run.stdout
         with httpx.Client(base_url=f"http://{HOST}:{port}", timeout=30) as http:
             [topic] = http.get("/stats", params={"format": "json", "topic": "events"}).json()[
