@@ -1,5 +1,7 @@
 """Publish throughput and latency over HTTP: /pub with 1 and 16 connections, /pub to 1,000
 topics at random, /mpub with 100 per request; beside the reference nsqd 1.3.0 in the same run.
+The ``*json`` and ``*typed`` cases publish the same 200-byte JSON objects to an untyped and a
+typed topic (six declared fields), and print typed / untyped.
 
 Each case starts a fresh ``deltaq api`` on 127.0.0.1 (a new warehouse) and then a fresh nsqd
 (``../shared/tools``; skipped where absent or with ``--no-nsqd``), drives each with
@@ -10,6 +12,7 @@ Nothing is asserted: the figures go in docs/benchmarks.md.
 
     python -m bench.publish [--seconds 10] [--ack journal|commit|buffer]
                             [--only pub1,pub16,topics1000,mpub16]
+    python -m bench.publish --no-nsqd --only pub16json,pub16typed,mpub16json,mpub16typed
     python -m bench.publish --store s3 --only pub64,mpub16   # moto's S3, 20 ms per request
 
 ``--store s3`` puts the warehouse on moto's S3 server behind a loopback proxy that adds
@@ -25,6 +28,7 @@ import multiprocessing as mp
 import random
 import tempfile
 import threading
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +40,13 @@ from bench.procs import api_process, file_create_us, free_port, nsqd_process, ob
 
 HOST = "127.0.0.1"
 BODY = b"x" * 200
+# A typed topic's bodies: six declared fields and one the schema leaves in the body, 200 bytes.
+SCHEMA = "sku STRING NOT NULL, amount DOUBLE, qty INT, placed_at TIMESTAMP, day DATE, gift BOOLEAN"
+_FIELDS = (
+    b'{"sku":"A-12345","amount":12.5,"qty":3,"placed_at":"2026-11-27T09:30:00Z",'
+    b'"day":"2026-11-27","gift":false,"note":"'
+)
+JSON_BODY = _FIELDS + b"n" * (200 - len(_FIELDS) - 2) + b'"}'
 
 
 def _stats(port: int, topic: str) -> dict[str, int]:
@@ -102,6 +113,22 @@ CASES = {
     "topics1000": ("/pub 1k topics", "/pub?topic=bench_many_*", BODY, 1, 16),
     "pub64": ("/pub", "/pub?topic=bench_pub64", BODY, 1, 64),
     "mpub16": ("/mpub x100", "/mpub?topic=bench_mpub", b"\n".join([BODY] * 100), 100, 16),
+    "pub16json": ("/pub untyped", "/pub?topic=bench_json16", JSON_BODY, 1, 16),
+    "pub16typed": ("/pub typed", "/pub?topic=bench_typed16", JSON_BODY, 1, 16),
+    "mpub16json": (
+        "/mpub x100 untyp",
+        "/mpub?topic=bench_json_mpub",
+        b"\n".join([JSON_BODY] * 100),
+        100,
+        16,
+    ),
+    "mpub16typed": (
+        "/mpub x100 typed",
+        "/mpub?topic=bench_typed_mpub",
+        b"\n".join([JSON_BODY] * 100),
+        100,
+        16,
+    ),
 }
 ROW = "{:<12}{:<16}{:>6}{:>10}{:>9}{:>9}{:>8}{:>12}{:>13}"
 
@@ -119,6 +146,10 @@ def _run_case(name: str, key: str, port: int, pid: int, seconds: float) -> dict[
     threading.Thread(target=sample, daemon=True).start()
     label, path, body, per, conns = CASES[key]
     try:
+        if key.endswith("typed"):
+            topic = path.split("topic=")[1]
+            query = urllib.parse.urlencode({"topic": topic, "schema": SCHEMA})
+            urllib.request.urlopen(f"http://{HOST}:{port}/topic/create?{query}", data=b"").read()
         if path.endswith("*"):
             # 1,000 active topics: created and published to once first (creating a topic is
             # an admin change, and its first publish opens its writer: once per topic and
@@ -218,6 +249,11 @@ def main() -> int:
             a, b = ours[key]["msg_per_s"], theirs[key]["msg_per_s"]
             assert isinstance(a, int) and isinstance(b, int)
             print(f"  {CASES[key][0]:<16} {a:>9,} vs {b:>9,} msg/s = {a / max(b, 1):.2f}x")
+    for case in ("pub16", "mpub16"):
+        plain = ours.get(f"{case}json", {}).get("msg_per_s")
+        typed = ours.get(f"{case}typed", {}).get("msg_per_s")
+        if isinstance(plain, int) and isinstance(typed, int):
+            print(f"  deltaq: {CASES[case][0]} typed / untyped = {typed / max(plain, 1):.2f}x")
     one = ours.get("pub16", {}).get("msg_per_s")
     many = ours.get("topics1000", {}).get("msg_per_s")
     if isinstance(one, int) and isinstance(many, int):

@@ -246,7 +246,7 @@ class Topics:
         writer = self._writers.get(topic) or await self.create(topic)
         schema = self.schema(topic)
         if schema is not None:
-            schema.columns(bodies)  # INVALID_BODY names the first body that does not fit
+            schema.check(bodies)  # INVALID_BODY names the first body that does not fit
         refusal = writer.refusal()
         if refusal is not None:
             raise QueueError(ErrorCode.E_TABLE_REFUSED, refusal.reason)
