@@ -18,7 +18,13 @@ from queue_engine.topic_schema import RESERVED, TopicSchema, evolve, parse_schem
 
 TYPES = ("STRING", "BOOLEAN", "INT", "BIGINT", "DOUBLE", "DATE", "TIMESTAMP")
 NAMES = ("a", "b_2", "Sku", "amount")
-_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(\.\d{1,6})?(Z|[+-]\d\d:\d\d)", re.ASCII)
+# RFC 3339, as docs/http-api.md states it: T, t or a space between date and time; a fraction
+# of a second of any length, rounded to the microsecond; Z, z, +hh:mm or +hhmm.
+_TIMESTAMP = re.compile(
+    r"(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(?:\.(\d+))?"
+    r"([Zz]|([+-])(\d\d):?(\d\d))",
+    re.ASCII,
+)
 _DATE = re.compile(r"\d{4}-\d\d-\d\d", re.ASCII)
 
 
@@ -51,22 +57,34 @@ def expected(kind: str, value: Any) -> tuple[bool, Any]:
             except ValueError:
                 return False, None
         case _:
-            if not isinstance(value, str) or not _TIMESTAMP.fullmatch(value):
+            match = _TIMESTAMP.fullmatch(value) if isinstance(value, str) else None
+            if match is None:
                 return False, None
+            year, month, day, hour, minute, second, fraction, _, sign, oh, om = match.groups()
             try:
-                parsed = dt.datetime.fromisoformat(value.replace(" ", "T", 1))
-                return True, parsed.astimezone(dt.UTC)
+                offset = dt.timedelta(hours=int(oh or 0), minutes=int(om or 0))
+                if offset >= dt.timedelta(hours=24) or int(om or 0) > 59:
+                    return False, None
+                local = dt.datetime(
+                    int(year), int(month), int(day), int(hour), int(minute), int(second)
+                )
+                micros = round(float(f"0.{fraction or 0}") * 1_000_000)
+                zone = dt.timezone(-offset if sign == "-" else offset)
+                instant = (local + dt.timedelta(microseconds=micros)).replace(tzinfo=zone)
+                return True, instant.astimezone(dt.UTC)
             except (ValueError, OverflowError):
                 return False, None
 
 
 _dates = st.dates().map(dt.date.isoformat)
-_offsets = st.sampled_from(["Z", "+00:00", "+01:00", "-05:30", "+23:59", "+24:00", "-00:60", ""])
+_offsets = st.sampled_from(
+    ["Z", "z", "+00:00", "+01:00", "-0530", "+23:59", "+24:00", "-00:60", "+1", ""]
+)
 _timestamps = st.builds(
     lambda d, sep, frac, zone: d.strftime(f"%Y-%m-%d{sep}%H:%M:%S") + frac + zone,
     st.datetimes(min_value=dt.datetime(1, 1, 2), max_value=dt.datetime(9999, 12, 30)),
-    st.sampled_from(["T", " ", "t"]),
-    st.sampled_from(["", ".5", ".123456", ".1234567"]),
+    st.sampled_from(["T", " ", "t", "_"]),
+    st.sampled_from(["", ".5", ".123456", ".1234567", "."]),
     _offsets,
 )
 _near_dates = st.builds(
@@ -163,8 +181,8 @@ def test_the_reason_names_the_field_and_what_it_must_be() -> None:
             'field qty: expected INT: an integer from -2147483648 to 2147483647; got a string "2"'
         ),
         b'{"sku": "a", "at": 5}': (
-            "field at: expected TIMESTAMP: a time with its zone, as 2026-01-31T12:00:00Z or "
-            "2026-01-31 12:00:00.5+01:00; got an integer 5"
+            "field at: expected TIMESTAMP: an RFC 3339 time with its zone, as "
+            "2026-01-31T12:00:00Z or 2026-01-31 12:00:00.5+01:00; got an integer 5"
         ),
         b"[]": "a typed topic takes a JSON object, not an array",
     }
@@ -186,7 +204,10 @@ def test_the_reason_names_the_field_and_what_it_must_be() -> None:
         ("a INT) USING delta AS SELECT 1 --", "a list of fields"),
         ("a INT b", "not Spark DDL"),
         ("`a b` INT", "field 'a b': a name is"),
-        *[(f"{name} STRING", f"field '{name}': the tables' own column") for name in sorted(RESERVED)],
+        *[
+            (f"{name} STRING", f"field '{name}': the tables' own column")
+            for name in sorted(RESERVED)
+        ],
     ],
 )
 def test_schemas_that_are_not_taken_say_why(text: str, reason: str) -> None:
