@@ -145,10 +145,15 @@ class TopicSchema:
 
     def columns(self, bodies: Sequence[bytes]) -> list[pa.Array]:
         """The typed columns of ``bodies``, which must fit (INVALID_BODY as ``check``)."""
-        return self._arrays(self._decode(bodies))
+        return self.arrays(self._decode(bodies))
 
-    def lenient_columns(self, bodies: Sequence[bytes]) -> list[pa.Array]:
-        """The typed columns of ``bodies``, a value that does not fit its field read as null.
+    def rows(self, bodies: Sequence[bytes]) -> list[Any]:
+        """``bodies`` decoded, which must fit (INVALID_BODY as ``check``): what ``arrays``
+        makes columns of, later and for many publishes at once."""
+        return self._decode(bodies)
+
+    def lenient_rows(self, bodies: Sequence[bytes]) -> list[Any]:
+        """``bodies`` decoded, a value that does not fit its field read as null.
 
         For bodies taken before a field was declared (the fanout, dead letters, a journal
         recovered after the schema changed): every body fitted the fields of its time, and a
@@ -161,10 +166,19 @@ class TopicSchema:
                 rows.append(decode(body))
             except (msgspec.ValidationError, msgspec.DecodeError):
                 rows.append(self._fitting_part(body))
+        return rows
+
+    def lenient_columns(self, bodies: Sequence[bytes]) -> list[pa.Array]:
+        """The typed columns of ``bodies`` (``lenient_rows``)."""
+        return self.arrays(self.lenient_rows(bodies))
+
+    def arrays(self, rows: list[Any]) -> list[pa.Array]:
+        """Decoded rows as the typed columns, one Arrow array a field (a value Arrow cannot
+        hold, which only ``lenient_rows`` lets through, read as null)."""
         try:
             return self._arrays(rows)
         except _Unfit:
-            # A value msgspec takes that Arrow cannot hold (an instant before year 1 in UTC).
+            # An instant before year 1 or after 9999 once in UTC.
             return self._arrays([self._fitting_part(msgspec.json.encode(r)) for r in rows])
 
     def explain(self, body: bytes) -> str | None:
@@ -198,11 +212,14 @@ class TopicSchema:
 
     def _arrays(self, rows: list[Any]) -> list[pa.Array]:
         """The fields of decoded rows, one Arrow column each."""
+        if not rows:
+            return [pa.array([], f.type.arrow) for f in self.fields]
+        # Rows to columns in C (a getattr per value cost ~10x as much).
+        values = list(zip(*map(msgspec.structs.astuple, rows), strict=True))
         out = []
-        for i, field in enumerate(self.fields):
-            name = f"f{i}"
+        for field, column in zip(self.fields, values, strict=True):
             try:
-                out.append(pa.array([getattr(r, name) for r in rows], field.type.arrow))
+                out.append(pa.array(column, field.type.arrow))
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError) as exc:
                 raise _Unfit(field.name) from exc
         return out

@@ -245,8 +245,12 @@ class Topics:
         started = time.perf_counter()
         writer = self._writers.get(topic) or await self.create(topic)
         schema = self.schema(topic)
+        typed = None
         if schema is not None:
-            schema.check(bodies)  # INVALID_BODY names the first body that does not fit
+            # INVALID_BODY names the first body that does not fit. The decoded bodies go to
+            # the writer with them, which makes the columns of a whole commit at once (off
+            # this loop, and an Arrow array costs ~10 us to build however few its values).
+            typed = (schema, schema.rows(bodies))
         refusal = writer.refusal()
         if refusal is not None:
             raise QueueError(ErrorCode.E_TABLE_REFUSED, refusal.reason)
@@ -261,7 +265,14 @@ class Topics:
         if mode is AckMode.JOURNAL and journal is not None and not backlog and not writer.validates:
             try:
                 journal.append(
-                    topic, bodies, published_at_us, deliver_at_us, expires_at_us, done, headers
+                    topic,
+                    bodies,
+                    published_at_us,
+                    deliver_at_us,
+                    expires_at_us,
+                    done,
+                    headers,
+                    typed,
                 )
             except JournalClosedError as exc:
                 raise QueueError(ErrorCode.EXITING, str(exc)) from exc
@@ -277,6 +288,7 @@ class Topics:
                 done if wait else None,
                 expires_at_us,
                 headers=headers,
+                typed=typed,
             )
         except WriterClosedError as exc:
             raise QueueError(ErrorCode.EXITING, str(exc)) from exc
@@ -360,6 +372,7 @@ class Topics:
                         record.expires_at_us,
                         position=record.position,
                         headers=record.headers,
+                        typed=record.typed,
                     )
                 except WriterClosedError:
                     # Deleted since (dropped with its topic, as nsqd drops them); or the node

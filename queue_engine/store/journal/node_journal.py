@@ -192,8 +192,10 @@ class Journal:
         expires_at_us: int | None,
         token: Any,
         headers: list[Headers | None] | None = None,
+        typed: Any = None,
     ) -> None:
-        """Queue a publish for the next write; ``token`` comes back through ``on_durable``."""
+        """Queue a publish for the next write; ``token`` comes back through ``on_durable``;
+        ``typed``: handed on with the record, never written."""
         with self._cond:
             if self._closed:
                 raise JournalClosedError(self.path)
@@ -206,6 +208,7 @@ class Journal:
                 expires_at_us,
                 bodies,
                 headers,
+                typed,
             )
             self._pending.append((record, encode(record), token))
             self._cond.notify()

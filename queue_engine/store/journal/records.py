@@ -21,7 +21,8 @@ from __future__ import annotations
 import itertools
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from queue_engine.headers import Headers, decode_all, encode_all, headers_bytes
 
@@ -44,6 +45,9 @@ class Record:
     bodies: list[bytes]
     # One entry per body (None: no message of the publish has headers).
     headers: list[Headers | None] | None = None
+    # A typed topic's columns of the bodies, converted when they were published (in memory
+    # only: the journal's frames hold the bodies, from which a recovery converts again).
+    typed: Any = field(default=None, compare=False)
 
     @property
     def nbytes(self) -> int:

@@ -48,6 +48,9 @@ class _Publish:
     position: int | None = None
     # One entry per body (None: no message of the publish has headers).
     headers: list[Headers | None] | None = None
+    # The typed topic's schema and the bodies decoded when they were checked (None: decoded
+    # at commit).
+    typed: tuple[TopicSchema, list[Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,7 @@ class TopicWriter(GroupCommitter[_Publish]):
         expires_at_us: int | None = None,
         position: int | None = None,
         headers: list[Headers | None] | None = None,
+        typed: tuple[TopicSchema, list[Any]] | None = None,
     ) -> None:
         """Queue messages for the next commit; ``token`` comes back through ``notify``."""
         # Headers count: a commit's size and the backlog's bound are what it writes.
@@ -139,6 +143,7 @@ class TopicWriter(GroupCommitter[_Publish]):
                     expires_at_us,
                     position,
                     headers,
+                    typed,
                 ),
                 nbytes,
                 token,
@@ -269,7 +274,7 @@ class TopicWriter(GroupCommitter[_Publish]):
         txn = None
         if positions and self.journal_app_id is not None:
             txn = Transaction(self.journal_app_id, max(positions))
-        version = self._append(self._typed(_to_arrow(batch, first, count)), txn)
+        version = self._append(self._typed(_to_arrow(batch, first, count), batch), txn)
         # Leaving the queue and joining the count in one step: stats never miss them between.
         self._committed(version, count, sum(p.nbytes for p in batch), was_queued=count)
 
@@ -284,15 +289,19 @@ class TopicWriter(GroupCommitter[_Publish]):
             self._appender.reopen()
             self._evolved = schema
 
-    def _typed(self, table: pa.Table) -> pa.Table:
-        """``table`` with the typed columns of the topic's schema, converted from its bodies
-        (a value that does not fit, possible only for a field declared after its message was
+    def _typed(self, table: pa.Table, batch: list[_Publish] | None = None) -> pa.Table:
+        """``table`` with the typed columns of the topic's schema: those its publishes
+        (``batch``, in order) were checked with, the others converted from their bodies (a
+        value that does not fit, possible only for a field declared after its message was
         taken, reads null); the table gains the columns first. With the commit lock held."""
         schema = self._schema_of()
         if schema is None:
             return table
         self._evolve(schema)
-        columns = schema.lenient_columns(table["body"].to_pylist())
+        if batch is None or not any(p.typed is not None for p in batch):
+            columns = schema.lenient_columns(table["body"].to_pylist())
+        else:
+            columns = _made_columns(schema, batch)
         for field, column in zip(schema.arrow_fields, columns, strict=True):
             table = table.append_column(field, column)
         return table
@@ -312,6 +321,18 @@ class TopicWriter(GroupCommitter[_Publish]):
             self._commits += 1
             self._committed_messages += count
             self._committed_bytes += nbytes
+
+
+def _made_columns(schema: TopicSchema, batch: list[_Publish]) -> list[pa.Array]:
+    """The typed columns of ``batch``'s bodies, in order, made at once: each publish's rows
+    decoded when it was checked with ``schema``, the others' decoded now."""
+    rows: list[Any] = []
+    for p in batch:
+        if p.typed is not None and p.typed[0] == schema:
+            rows.extend(p.typed[1])
+        else:
+            rows.extend(schema.lenient_rows(p.bodies))
+    return schema.arrays(rows)
 
 
 def _with_fields(schema: TopicSchema) -> pa.Schema:
