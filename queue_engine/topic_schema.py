@@ -22,7 +22,7 @@ import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from typing import Annotated, Any
 
 import msgspec
@@ -261,10 +261,13 @@ class _Unfit(Exception):
 
 
 def _outside(field: SchemaField, value: object) -> bool:
-    """Whether Arrow cannot hold ``value`` as the field's type."""
+    """Whether ``value`` (decoded) lies outside what the field holds: an instant before year 1
+    or after 9999 once in UTC (msgspec takes 0001-01-01T00:00:00+01:00)."""
+    if not isinstance(value, datetime):
+        return False
     try:
-        pa.array([value], field.type.arrow)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError):
+        value.astimezone(UTC)
+    except OverflowError:
         return True
     return False
 
