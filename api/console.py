@@ -118,6 +118,9 @@ async def overview(request: Request) -> Response:
                 "in_flight": c.in_flight_count,
                 "deferred": c.deferred_count,
                 "dead": c.dead_count,
+                # The channel's filter (null: none) and the messages it kept out.
+                "filter": c.filter,
+                "filtered": c.filtered_count,
                 "requeued": c.requeue_count,
                 "timed_out": c.timeout_count,
                 "clients": c.client_count,

@@ -127,8 +127,10 @@ def _topic_json(t: TopicStats) -> dict[str, Any]:
                 # deltaq: messages dead-lettered (max_attempts reached) and not redriven.
                 "dead_count": c.dead_count,
                 "max_attempts": c.max_attempts,
-                # deltaq: the channel's filter (null: every message enters it).
+                # deltaq: the channel's filter (null: every message enters it), and the
+                # messages it kept out since the API started.
                 "filter": c.filter,
+                "filtered_count": c.filtered_count,
                 # deltaq: messages expired (message TTL) since the API started.
                 "expired_count": c.expired_count,
                 "client_count": c.client_count,

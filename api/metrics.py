@@ -125,6 +125,11 @@ def families(
     c_expired = counter(
         "channel_expired", "Messages expired (message TTL) since the API started.", _TC
     )
+    c_filtered = counter(
+        "channel_filtered",
+        "Messages the channel's filter kept out, in the fanout commits read since the API started.",
+        _TC,
+    )
     c_clients = gauge("channel_clients", "Consumers seen in the last minute.", _TC)
     c_paused = gauge("channel_paused", "1 while the channel is paused.", _TC)
     c_messages = counter("channel_messages", "Messages the channel's table holds.", _TC)
@@ -157,6 +162,7 @@ def families(
             c_deferred.add_metric(labels, c.deferred_count)
             c_dead.add_metric(labels, c.dead_count)
             c_expired.add_metric(labels, c.expired_count)
+            c_filtered.add_metric(labels, c.filtered_count)
             c_clients.add_metric(labels, c.client_count)
             c_paused.add_metric(labels, int(c.paused))
             c_messages.add_metric(labels, c.message_count)
@@ -183,6 +189,7 @@ def families(
         c_deferred,
         c_dead,
         c_expired,
+        c_filtered,
         c_clients,
         c_paused,
         c_messages,

@@ -103,6 +103,7 @@ class ChannelCounts:
     expired_count: int = 0
     table_version: int = -1
     ledger_version: int = -1
+    filtered_count: int = 0
 
     @property
     def client_count(self) -> int:
@@ -623,6 +624,7 @@ class ChannelRuntime:
             finish_count=self.queue.finish_count,
             dead_count=len(self.queue.dead),
             expired_count=self.queue.expired_count,
+            filtered_count=self._reader.kept_out,
             table_version=self._reader.version,
             ledger_version=self._writer.version if self._writer is not None else -1,
         )

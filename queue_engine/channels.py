@@ -514,6 +514,7 @@ class Channels:
             finish_count=counts.finish_count,
             dead_count=counts.dead_count,
             expired_count=counts.expired_count,
+            filtered_count=counts.filtered_count,
             max_attempts=runtime.max_attempts,
             table_version=counts.table_version,
             ledger_version=counts.ledger_version,

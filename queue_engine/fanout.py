@@ -10,6 +10,8 @@ give the same answer, so a replayed fanout batch routes exactly as the first att
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -105,9 +107,20 @@ def filter_sql(channel: ChannelInfo, fields: Fields = ()) -> str | None:
 def route(rows: pa.Table, registry: Registry) -> dict[tuple[str, str], pa.Table]:
     """Rows (with ``topic`` and ``topic_version`` columns) per (topic, channel); a typed
     topic's rows with its fields' columns last."""
+    tables, _ = route_noted(rows, registry)
+    return {key: table for key, table in tables.items() if table.num_rows}
+
+
+def route_noted(
+    rows: pa.Table, registry: Registry
+) -> tuple[dict[tuple[str, str], pa.Table], dict[tuple[str, str], str]]:
+    """``route``, and for each filtered channel what its commit records (``batch_note``):
+    a filtered channel whose filter kept every row of the batch out gets an empty table, so
+    that the count, and the topic version the batch reached, are still committed."""
     out: dict[tuple[str, str], pa.Table] = {}
+    notes: dict[tuple[str, str], str] = {}
     if rows.num_rows == 0:
-        return out
+        return out, notes
     topics = pc.unique(rows["topic"]).to_pylist()
     for topic in topics:
         channels = receivers(registry, topic)
@@ -121,6 +134,7 @@ def route(rows: pa.Table, registry: Registry) -> dict[tuple[str, str], pa.Table]
             for field, column in zip(schema.arrow_fields, typed, strict=True):
                 of_topic = of_topic.append_column(field, column)
             columns += [f.name for f in schema.arrow_fields]
+        reached = int(pc.max(of_topic["topic_version"]).as_py())
         for name, channel in channels:
             selected = of_topic.filter(
                 pc.and_(
@@ -130,7 +144,17 @@ def route(rows: pa.Table, registry: Registry) -> dict[tuple[str, str], pa.Table]
             )
             condition = filter_expression(channel, fields_of(schema))
             if condition is not None and selected.num_rows:
+                eligible = selected.num_rows
                 selected = selected.filter(condition)
-            if selected.num_rows:
+                notes[(topic, name)] = batch_note(eligible - selected.num_rows, reached)
+            if selected.num_rows or (topic, name) in notes:
                 out[(topic, name)] = selected.select(columns)
-    return out
+    return out, notes
+
+
+def batch_note(kept_out: int, reached: int) -> str:
+    """What a filtered channel's commit of a fanout batch records (its commitInfo's
+    ``userMetadata``): the rows its filter kept out of the batch, and the newest topic version
+    of the batch's rows of its topic. The API counts the first (``filtered_count``), and
+    takes the second as how far the channel has taken its topic, when no row went in."""
+    return json.dumps({"deltaq.kept_out": kept_out, "deltaq.topic_version": reached})

@@ -22,6 +22,9 @@ class ChannelStats:
     max_attempts: int = 0
     # Messages expired (TTL) since the API started.
     expired_count: int = 0
+    # Messages the channel's filter kept out, in the fanout's commits read since the API
+    # started (of the whole channel, whichever node serves its shares).
+    filtered_count: int = 0
     clients: tuple[ConsumerSeen, ...] = ()
     # The newest topic version the fanout has put in the channel's table (-1: none yet).
     fanned_topic_version: int = -1

@@ -120,6 +120,13 @@ function render(overview) {
       clink.textContent = c.name;
       clink.addEventListener("click", () => select(t.name, c.name));
       cname.appendChild(clink);
+      if (c.filter) {
+        // A filtered channel: its filter and how many messages it kept out.
+        const filtered = document.createElement("div");
+        filtered.className = "filter";
+        filtered.textContent = `filter: ${c.filter} (${fmt(c.filtered)} kept out)`;
+        cname.appendChild(filtered);
+      }
       cell(crow, fmt(c.depth), "depth");
       cell(crow, fmt(c.in_flight), "in-flight");
       cell(crow, fmt(c.deferred));

@@ -35,10 +35,11 @@ from queue_engine.fanout import (
     CHANNEL_COLUMNS,
     CHANNEL_WRITES,
     MAX_FILES_PER_TRIGGER,
+    batch_note,
     fields_of,
     filter_sql,
     receivers,
-    route,
+    route_noted,
     topic_schema,
 )
 from queue_engine.registry import ChannelInfo, Registry
@@ -100,16 +101,27 @@ class ChannelSinks:
         self._writers = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="deltaq-fanout-write")
 
     def append_all(
-        self, registry: Registry, routed: dict[tuple[str, str], pa.Table], batch_id: int
+        self,
+        registry: Registry,
+        routed: dict[tuple[str, str], pa.Table],
+        batch_id: int,
+        notes: dict[tuple[str, str], str] | None = None,
     ) -> int:
-        """Append each channel's rows of the batch; the rows written (a channel that already
-        has this batch, a replay, is skipped). Every append is tried before the first error
-        is raised: what committed stays committed, and the replay skips it."""
+        """Append each channel's rows of the batch (``notes``: the commitInfo userMetadata of
+        filtered channels' commits); the rows written (a channel that already has this batch,
+        a replay, is skipped). Every append is tried before the first error is raised: what
+        committed stays committed, and the replay skips it."""
+        notes = notes or {}
         futures = [
             (
                 selected.num_rows,
                 self._writers.submit(
-                    self.append, topic, registry.topics[topic].channels[channel], selected, batch_id
+                    self.append,
+                    topic,
+                    registry.topics[topic].channels[channel],
+                    selected,
+                    batch_id,
+                    notes.get((topic, channel)),
                 ),
             )
             for (topic, channel), selected in routed.items()
@@ -126,7 +138,14 @@ class ChannelSinks:
             raise error
         return written
 
-    def append(self, topic: str, channel: ChannelInfo, rows: pa.Table, batch_id: int) -> bool:
+    def append(
+        self,
+        topic: str,
+        channel: ChannelInfo,
+        rows: pa.Table,
+        batch_id: int,
+        note: str | None = None,
+    ) -> bool:
         key = self._key(topic, channel)
         # A typed topic's fields follow the channel's own columns (queue_engine.fanout.route).
         schema = channel_schema(rows)
@@ -142,7 +161,7 @@ class ChannelSinks:
             )
             self._schemas[key] = schema
         try:
-            return sink.append(rows.cast(schema), batch_id)
+            return sink.append(rows.cast(schema), batch_id, note)
         except Exception:
             # A storage error: the next attempt starts from a freshly read table.
             del self._sinks[key]
@@ -209,8 +228,8 @@ def fanout_batch(
         return 0
     registry = registry_reader.get()
     sinks.retain(registry)
-    routed = route(rows, registry)
-    written = sinks.append_all(registry, routed, batch_id)
+    routed, notes = route_noted(rows, registry)
+    written = sinks.append_all(registry, routed, batch_id, notes)
     if notices is not None:
         # A replayed batch too: its rows may have landed after the nodes last looked. Posted
         # off the batch's path (a hint; one PUT on an object store).
@@ -288,11 +307,21 @@ def fanout_batch_by_spark(
                     & (F.col("to_channel").isNull() | (F.col("to_channel") == F.lit(name)))
                 )
                 condition = filter_sql(channel, fields_of(schema))
+                writer = None
                 if condition is not None:
-                    rows = rows.filter(F.expr(condition))
+                    # The rows the filter keeps out are counted, and recorded with the commit,
+                    # which is made even when it keeps every row out (route_noted's note).
+                    passes = F.expr(condition)
+                    counts = rows.agg(
+                        F.count(F.lit(1)).alias("eligible"),
+                        F.count(F.when(passes, True)).alias("taken"),
+                    ).collect()[0]
+                    rows = rows.filter(passes)
+                    note = batch_note(counts["eligible"] - counts["taken"], newest[topic])
+                    writer = rows.select(*columns).write.option("userMetadata", note)
                 (
-                    rows.select(*columns)
-                    .write.format(channel_format)
+                    (writer or rows.select(*columns).write)
+                    .format(channel_format)
                     .mode("append")
                     .option("txnAppId", FANOUT_APP_ID)
                     .option("txnVersion", str(batch_id))

@@ -193,7 +193,12 @@ class DeltaqDataSource(DataSource):
         return int(self.options.get("maxFilesPerTrigger", DEFAULT_MAX_FILES_PER_TRIGGER))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        return TableWriter(self.options["path"], overwrite, _app_transaction(self.options))
+        return TableWriter(
+            self.options["path"],
+            overwrite,
+            _app_transaction(self.options),
+            self.options.get("userMetadata"),
+        )
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         return TableStreamWriter(self.options["path"], str(self.options.get("appId", "deltaq")))
@@ -622,18 +627,32 @@ class TableWriter(DataSourceArrowWriter):
     commits all the tasks' files in one log entry. Nothing goes through the driver's disk or
     memory, so it works wherever executors and driver share only the table's storage."""
 
-    def __init__(self, path: str, overwrite: bool, transaction: AppTransaction | None) -> None:
+    def __init__(
+        self,
+        path: str,
+        overwrite: bool,
+        transaction: AppTransaction | None,
+        user_metadata: str | None = None,
+    ) -> None:
         if overwrite and transaction is not None:
             raise ValueError("txnAppId/txnVersion apply to appends only")
         self.path = path
         self.overwrite = overwrite
         self.transaction = transaction
+        # The commitInfo's userMetadata (delta-spark's write option of that name).
+        self.user_metadata = user_metadata
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> AddedFiles:
         return AddedFiles(write_data_file(self.path, iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        _commit_files(self.path, messages, self.transaction, overwrite=self.overwrite)
+        _commit_files(
+            self.path,
+            messages,
+            self.transaction,
+            overwrite=self.overwrite,
+            user_metadata=self.user_metadata,
+        )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         _discard(self.path, messages)
@@ -666,11 +685,14 @@ def _commit_files(
     transaction: AppTransaction | None,
     *,
     overwrite: bool,
+    user_metadata: str | None = None,
 ) -> None:
     """Commit the tasks' files in one log entry (recording ``transaction``), unless the table
     already recorded that transaction: then the files are removed, the write was done before."""
     txn = None if transaction is None else (transaction.app_id, transaction.version)
-    commit_written_files(path, _files_of(messages), txn, overwrite=overwrite)
+    commit_written_files(
+        path, _files_of(messages), txn, overwrite=overwrite, user_metadata=user_metadata
+    )
 
 
 def _discard(path: str, messages: list[WriterCommitMessage | None]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -300,3 +301,45 @@ def test_a_filter_over_typed_fields(server: Server, http: httpx.Client) -> None:
     assert [body(m) for m in delivered] == [lines[0]]
     assert len(sub_all(http, topic, "c", 4)) == 4
     assert sub(http, topic, "big", max=10, wait_ms=300) == []
+
+
+def test_what_a_filter_keeps_out_is_counted_and_the_channel_keeps_up(
+    server: Server, http: httpx.Client
+) -> None:
+    topic = typed_topic(http, "counted")
+    r = http.post(
+        "/channel/create", params={"topic": topic, "channel": "big", "filter": "amount >= 100"}
+    )
+    assert r.status_code == 200, r.text
+    # Every message kept out of "big": nothing enters it, and it is counted.
+    lines = [order("s1", amount=1), order("s2", amount=2), order("s3")]
+    assert http.post("/mpub", params={"topic": topic}, content=b"\n".join(lines)).text == "OK"
+    assert len(sub_all(http, topic, "c", 3)) == 3  # the unfiltered channel has them
+
+    def big() -> dict[str, Any]:
+        stats = http.get("/stats", params={"format": "json", "topic": topic}).json()
+        [channel] = [c for c in stats["topics"][0]["channels"] if c["channel_name"] == "big"]
+        return channel
+
+    deadline = time.monotonic() + 30
+    while big()["filtered_count"] != 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (big()["filtered_count"], big()["depth"], big()["message_count"]) == (3, 0, 0)
+    metrics = http.get("/metrics").text
+    labels = f'channel="big",topic="{topic}"'
+    assert f"deltaq_channel_filtered_total{{{labels}}} 3.0" in metrics, metrics
+    # The channel has taken its topic through the batch, though no row entered it.
+    assert f"deltaq_channel_fanout_lag_versions{{{labels}}} 0.0" in metrics, metrics
+    overview = http.get("/console/api/overview").json()
+    [shown] = [
+        c
+        for t in overview["topics"]
+        if t["name"] == topic
+        for c in t["channels"]
+        if c["name"] == "big"
+    ]
+    assert (shown["filter"], shown["filtered"]) == ("amount >= 100", 3)
+    # A message the filter lets in arrives as ever.
+    assert http.post("/pub", params={"topic": topic}, content=order("s4", amount=500)).text == "OK"
+    [m] = sub_all(http, topic, "big", 1)
+    assert body(m) == order("s4", amount=500)

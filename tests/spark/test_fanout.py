@@ -46,6 +46,13 @@ def channel_bodies(warehouse: Path, topic: str, channel: str) -> list[bytes]:
     return sorted(table.to_pyarrow_table()["body"].to_pylist())
 
 
+def batch_notes(warehouse: Path, topic: str, channel: str) -> list[dict[str, int]]:
+    """What the fanout recorded with each commit of a filtered channel's table, oldest first."""
+    path = warehouse / "channels" / topic / channel / "messages"
+    history = reversed(DeltaTable(str(path)).history())
+    return [json.loads(h["userMetadata"]) for h in history if h.get("userMetadata")]
+
+
 def channel_frame(
     spark: SparkSession, warehouse: Path, topic: str, channel: str, *, typed: bool = False
 ) -> DataFrame:
@@ -166,7 +173,13 @@ def test_fanout_rules(
     assert channel_bodies(wh, "o", "big") == sorted(
         json.dumps(o).encode() for o in (orders[0], orders[2], orders[5])
     )
+    # What the filter kept out is recorded with the channel's commits: three of six.
+    assert sum(n["deltaq.kept_out"] for n in batch_notes(wh, "o", "big")) == 3
 
+    # A batch the filter keeps wholly out of a channel is still committed there: no rows, its
+    # count, and the topic version it reached.
+    small = json.dumps({"sku": "Z-1", "amount": 1}).encode()
+    assert c.post("/pub", params={"topic": "o"}, content=small).text == "OK"
     post("/topic/unpause", topic="b")
     post("/channel/delete", topic="a", channel="c2")
     pub("a", "a3")
@@ -208,6 +221,12 @@ def test_fanout_rules(
     assert not (wh / "channels" / "a" / "c2").exists()  # deleted channels receive nothing
     assert channel_bodies(wh, "a", "c3") == [b"a4"]
     assert channel_bodies(wh, "n", "late") == [b"n0"]
+    assert len(channel_bodies(wh, "o", "big")) == 3
+    last = batch_notes(wh, "o", "big")[-1]
+    assert last == {
+        "deltaq.kept_out": 1,
+        "deltaq.topic_version": DeltaTable(str(wh / "topics" / "o")).version(),
+    }
 
     # Running again with nothing new writes nothing twice.
     run_once(spark, wh, channel_format)

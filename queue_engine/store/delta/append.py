@@ -64,9 +64,13 @@ CheckWinner = Callable[[list[Any]], None]
 
 
 class Appender(Protocol):
-    def append(self, table: pa.Table, txn: Transaction | None = None) -> int:
+    def append(
+        self, table: pa.Table, txn: Transaction | None = None, user_metadata: str | None = None
+    ) -> int:
         """Commit ``table`` as one new version, recording the app transaction ``txn`` in the
-        same commit when given; return that version."""
+        same commit when given, and ``user_metadata`` as its commitInfo's ``userMetadata``
+        (Delta's field for it, which delta-spark's ``userMetadata`` option writes too);
+        return that version. No rows: a commit of no data file."""
 
     def reopen(self, known: int | None = None) -> None:
         """Start from a fresh view of the table (after a checkpoint or an error); ``known``:
@@ -89,8 +93,17 @@ class DeltaRsAppender:
     def close(self) -> None:
         pass
 
-    def append(self, table: pa.Table, txn: Transaction | None = None) -> int:
-        props = CommitProperties(app_transactions=[txn]) if txn is not None else None
+    def append(
+        self, table: pa.Table, txn: Transaction | None = None, user_metadata: str | None = None
+    ) -> int:
+        props = None
+        if txn is not None or user_metadata is not None:
+            props = CommitProperties(
+                app_transactions=[txn] if txn is not None else None,
+                custom_metadata=(
+                    {"userMetadata": user_metadata} if user_metadata is not None else None
+                ),
+            )
         for attempt in range(1, _ATTEMPTS + 1):
             before = int(self._dt.version())
             try:
@@ -150,7 +163,9 @@ class RefusedAppender:
     def close(self) -> None:
         pass
 
-    def append(self, table: pa.Table, txn: Transaction | None = None) -> int:
+    def append(
+        self, table: pa.Table, txn: Transaction | None = None, user_metadata: str | None = None
+    ) -> int:
         raise self.refusal
 
 
@@ -179,20 +194,25 @@ class LocalAppender:
     def close(self) -> None:
         self._spares.close()
 
-    def append(self, table: pa.Table, txn: Transaction | None = None) -> int:
+    def append(
+        self, table: pa.Table, txn: Transaction | None = None, user_metadata: str | None = None
+    ) -> int:
         if self._stale:
             raise ProtocolChangedError(self._stale)
-        name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-        file_path = os.path.join(self.path, name)
-        buffer = pa.BufferOutputStream()
-        pq.write_table(table, buffer, compression="snappy")
-        data = buffer.getvalue()
-        spare = self._spares.take()
-        # Synced, then renamed into place: the data file never exists half-written, and is
-        # durable before the commit that names it.
-        write_synced(spare, data)
-        os.rename(spare, file_path)
-        entry = blind_append_entry(name, data.size, table, txn)
+        if table.num_rows:
+            name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+            file_path = os.path.join(self.path, name)
+            buffer = pa.BufferOutputStream()
+            pq.write_table(table, buffer, compression="snappy")
+            data = buffer.getvalue()
+            spare = self._spares.take()
+            # Synced, then renamed into place: the data file never exists half-written, and
+            # is durable before the commit that names it.
+            write_synced(spare, data)
+            os.rename(spare, file_path)
+            entry = blind_append_entry(name, data.size, table, txn, user_metadata)
+        else:
+            entry = blind_append_entry(None, 0, table, txn, user_metadata)
         staging = self._spares.take()
         write_synced(staging, entry)
         try:
@@ -204,21 +224,32 @@ class LocalAppender:
         return version
 
 
-def blind_append_entry(name: str, size: int, table: pa.Table, txn: Transaction | None) -> bytes:
-    """The log entry of a blind append of one data file ``name`` holding ``table``."""
+def blind_append_entry(
+    name: str | None,
+    size: int,
+    table: pa.Table,
+    txn: Transaction | None,
+    user_metadata: str | None = None,
+) -> bytes:
+    """The log entry of a blind append of one data file ``name`` holding ``table`` (None: no
+    data file, a commit of its commitInfo and app transaction alone)."""
     now_ms = int(time.time() * 1000)
-    info = {
+    info: dict[str, object] = {
         "timestamp": now_ms,
         "operation": "WRITE",
         "operationParameters": {"mode": "Append"},
         "isBlindAppend": True,
-        "operationMetrics": {"numFiles": "1", "numOutputRows": str(table.num_rows)},
+        "operationMetrics": {
+            "numFiles": "0" if name is None else "1",
+            "numOutputRows": str(table.num_rows),
+        },
         "engineInfo": f"deltaq/{__version__}",
     }
-    actions: list[dict[str, object]] = [
-        {"commitInfo": info},
-        add_action(name, size, table, now_ms, data_change=True),
-    ]
+    if user_metadata is not None:
+        info["userMetadata"] = user_metadata
+    actions: list[dict[str, object]] = [{"commitInfo": info}]
+    if name is not None:
+        actions.append(add_action(name, size, table, now_ms, data_change=True))
     if txn is not None:
         actions.append(
             {"txn": {"appId": txn.app_id, "version": txn.version, "lastUpdated": now_ms}}
@@ -254,19 +285,24 @@ class ObjectStoreAppender:
     def close(self) -> None:
         pass
 
-    def append(self, table: pa.Table, txn: Transaction | None = None) -> int:
+    def append(
+        self, table: pa.Table, txn: Transaction | None = None, user_metadata: str | None = None
+    ) -> int:
         if self._stale:
             raise ProtocolChangedError(self._stale)
         import obstore
         from obstore.exceptions import AlreadyExistsError
 
-        name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-        buffer = pa.BufferOutputStream()
-        pq.write_table(table, buffer, compression="snappy")
-        data = buffer.getvalue()
-        # An object appears whole or not at all: no half-written data file is ever visible.
-        obstore.put(self._store, self._prefix + name, data.to_pybytes())
-        entry = blind_append_entry(name, data.size, table, txn)
+        if table.num_rows:
+            name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+            buffer = pa.BufferOutputStream()
+            pq.write_table(table, buffer, compression="snappy")
+            data = buffer.getvalue()
+            # An object appears whole or not at all: no half-written data file is visible.
+            obstore.put(self._store, self._prefix + name, data.to_pybytes())
+            entry = blind_append_entry(name, data.size, table, txn, user_metadata)
+        else:
+            entry = blind_append_entry(None, 0, table, txn, user_metadata)
         version = self._next_version
         for _ in range(_MAX_COMMIT_RACES):
             key = f"{self._prefix}_delta_log/{version:020d}.json"
@@ -456,18 +492,19 @@ def append_or_fall_back(
     table: pa.Table,
     txn: Transaction | None = None,
     check_winner: CheckWinner | None = None,
+    user_metadata: str | None = None,
 ) -> tuple[Appender, int]:
     """Append ``table`` (recording ``txn`` in the same commit) with ``appender``; if the fast
     appender finds the table's protocol or metadata changed, judge the table afresh
     (``appender_for``: the fast appender again, delta-rs, or a refusal) and append with that.
     Returns the appender to use from now on and the version committed."""
     try:
-        return appender, appender.append(table, txn)
+        return appender, appender.append(table, txn, user_metadata)
     except ProtocolChangedError as exc:
         log.warning("%s: %s; reading its protocol again", path, exc)
         appender.close()
         fresh = appender_for(path, check_winner=check_winner)
-        return fresh, fresh.append(table, txn)
+        return fresh, fresh.append(table, txn, user_metadata)
 
 
 def appender_for(

@@ -65,6 +65,8 @@ class ParsedCommit:
     removes: frozenset[str]
     # A feature deltaq's readers cannot follow, brought by this commit (None: none).
     refusal: str | None = None
+    # Its commitInfo's ``userMetadata`` (None: none).
+    user_metadata: str | None = None
 
 
 class RefusedCommit(TableRefusedError):
@@ -231,7 +233,13 @@ def _parse(root: str, version: int, text: str) -> ParsedCommit:
     files: list[AddedFile] = []
     removes: set[str] = set()
     actions = [json.loads(line) for line in text.splitlines() if line.strip()]
+    user_metadata = None
     for action in actions:
+        info = action.get("commitInfo")
+        if info is not None:
+            value = info.get("userMetadata")
+            user_metadata = None if value is None else str(value)
+            continue
         remove = action.get("remove")
         if remove is not None:
             if remove.get("dataChange", True):
@@ -254,7 +262,7 @@ def _parse(root: str, version: int, text: str) -> ParsedCommit:
                 highest.get("id"),
             )
         )
-    return ParsedCommit(version, files, frozenset(removes), commit_refusal(actions))
+    return ParsedCommit(version, files, frozenset(removes), commit_refusal(actions), user_metadata)
 
 
 class AddedFilesCache:

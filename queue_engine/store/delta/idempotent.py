@@ -48,11 +48,13 @@ class IdempotentAppender:
     def schema(self) -> pa.Schema:
         return self._schema
 
-    def append(self, table: pa.Table, batch_id: int) -> bool:
-        """Append unless ``batch_id`` is already recorded; True if written."""
+    def append(self, table: pa.Table, batch_id: int, user_metadata: str | None = None) -> bool:
+        """Append unless ``batch_id`` is already recorded (no rows: a commit of no data file);
+        True if written. ``user_metadata``: the commitInfo's ``userMetadata``."""
         if batch_id <= self._done:
             return False
-        version = self._appender.append(table, Transaction(self.app_id, batch_id))
+        txn = Transaction(self.app_id, batch_id)
+        version = self._appender.append(table, txn, user_metadata)
         self._done = batch_id
         if version % self.checkpoint_interval == 0:
             if self._schedule is None:

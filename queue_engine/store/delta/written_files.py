@@ -58,10 +58,12 @@ def commit_written_files(
     transaction: tuple[str, int] | None,
     *,
     overwrite: bool,
+    user_metadata: str | None = None,
 ) -> bool:
     """Commit ``files`` in one log entry, recording the app transaction ``(app_id, version)``
-    when given. A table that already recorded that transaction (or a later one) gets nothing:
-    the files are removed, the write was done before. Returns whether a commit was made."""
+    when given (and ``user_metadata`` as the commitInfo's ``userMetadata``). A table that
+    already recorded that transaction (or a later one) gets nothing: the files are removed,
+    the write was done before. Returns whether a commit was made."""
     dt = DeltaTable(path)
     if transaction is not None:
         recorded = dt.transaction_version(transaction[0])
@@ -75,9 +77,12 @@ def commit_written_files(
         AddAction(name, size, {}, now_ms, True, stats) for name, size, stats in files
     ]
     properties = None
-    if transaction is not None:
-        txn = Transaction(transaction[0], transaction[1], now_ms)
-        properties = CommitProperties(app_transactions=[txn])
+    if transaction is not None or user_metadata is not None:
+        txns = None
+        if transaction is not None:
+            txns = [Transaction(transaction[0], transaction[1], now_ms)]
+        metadata = None if user_metadata is None else {"userMetadata": user_metadata}
+        properties = CommitProperties(app_transactions=txns, custom_metadata=metadata)
     before = int(dt.version())
     dt.create_write_transaction(
         adds,

@@ -8,6 +8,7 @@ file (~0.5 ms locally) and read from the commit log (only the files they added).
 
 from __future__ import annotations
 
+import json
 import os
 from collections import deque
 from collections.abc import Iterator
@@ -21,9 +22,10 @@ from deltalake import DeltaTable
 from queue_engine.shares import ALL_LANES, in_lanes, keep_lanes
 from queue_engine.store.delta.commit_log import (
     absolute_path,
-    added_files,
     commit_file,
     latest_version,
+    parse_commits,
+    resolve,
 )
 from queue_engine.store.delta.open_table import conform
 from queue_engine.store.storage.files import filesystem, parquet_dataset
@@ -55,8 +57,11 @@ class ChannelReader:
         self.lanes = None if lanes == ALL_LANES else lanes
         self.version = -1
         self.message_count = 0
-        # The newest topic version whose messages the fanout has put in this table (-1: none).
+        # The newest topic version whose messages the fanout has put in this table (-1: none),
+        # or whose batch the fanout recorded here with every row kept out by the filter.
         self.max_topic_version = -1
+        # Rows the channel's filter kept out, in the commits read since this reader started.
+        self.kept_out = 0
         # Rows in files not yet read, plus the rest of the current file.
         self.unread_rows = 0
         self._pending: deque[_File] = deque()
@@ -109,7 +114,12 @@ class ChannelReader:
         if latest <= self.version:
             return 0
         rows = 0
-        for added in added_files(self.path, self.version, latest):
+        versions = list(range(self.version + 1, latest + 1))
+        parsed = parse_commits(self.path, versions)
+        commits = [parsed[v] for v in versions]
+        for commit in commits:
+            self._note(commit.user_metadata)
+        for added in resolve(self.path, commits):
             count = added.num_records
             if count is None:
                 fs, local = filesystem(added.path)
@@ -125,6 +135,25 @@ class ChannelReader:
         self.message_count += rows
         self.unread_rows += rows
         return rows
+
+    def _note(self, user_metadata: str | None) -> None:
+        """What the fanout recorded with a commit (queue_engine.fanout.batch_note): the rows
+        the channel's filter kept out of that batch, and the topic version the batch reached,
+        which a commit of no rows (every row kept out) carries alone."""
+        if not user_metadata:
+            return
+        try:
+            note = json.loads(user_metadata)
+        except ValueError:
+            return  # another writer's metadata
+        if not isinstance(note, dict):
+            return
+        kept_out = note.get("deltaq.kept_out")
+        if isinstance(kept_out, int) and kept_out > 0:
+            self.kept_out += kept_out
+        reached = note.get("deltaq.topic_version")
+        if isinstance(reached, int):
+            self.max_topic_version = max(self.max_topic_version, reached)
 
     def _count(self, path: str, rows: int) -> int:
         """``path``'s rows in this reader's lanes (``rows``: all of them)."""
