@@ -13,6 +13,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from deltaq.testing.s3 import S3Server, free_port, moto_server_command
+from queue_engine.spark.fanout_loop import FanoutLoop
 from queue_engine.spark.fanout_stream import start_fanout
 from queue_engine.store.tables import Warehouse
 from tests import power_cut
@@ -42,6 +43,17 @@ def fanout(spark: SparkSession, warehouse: Path) -> Iterator[None]:
     query = start_fanout(spark, Warehouse(str(warehouse)), once=False)
     yield
     query.stop()
+
+
+@pytest.fixture(scope="module")
+def loop_served(warehouse: Path) -> Iterator[Server]:
+    """A server with the fanout ``deltaq up`` runs on one machine (the loop, without Spark) in
+    this process, for the whole module: a module's ``server`` fixture may return it."""
+    loop = FanoutLoop(Warehouse(str(warehouse)), once=False).start()
+    server = Server(warehouse).start()
+    yield server
+    server.stop()
+    loop.stop()
 
 
 @pytest.fixture

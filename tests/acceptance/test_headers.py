@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import itertools
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,21 +15,14 @@ import pytest
 from deltalake import DeltaTable
 
 from queue_engine.headers import MAX_HEADERS, MAX_NAME_BYTES, MAX_VALUE_BYTES
-from queue_engine.spark.fanout_loop import FanoutLoop
-from queue_engine.store.tables import Warehouse
 from tests.conftest import Server, wait_until
 from tests.consumers import answer, body, create_channel, sub, sub_all
 from tests.nsq_wire import Wire, identify
 
 
 @pytest.fixture(scope="module")
-def server(warehouse: Path) -> Iterator[Server]:
-    # The fanout deltaq up runs on one machine, in this process.
-    loop = FanoutLoop(Warehouse(str(warehouse)), once=False).start()
-    s = Server(warehouse).start()
-    yield s
-    s.stop()
-    loop.stop()
+def server(loop_served: Server) -> Server:
+    return loop_served
 
 
 _names = itertools.count()

@@ -9,7 +9,6 @@ import datetime as dt
 import itertools
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +16,6 @@ import httpx
 import pytest
 from deltalake import DeltaTable
 
-from queue_engine.spark.fanout_loop import FanoutLoop
-from queue_engine.store.tables import Warehouse
 from tests.conftest import Server
 from tests.consumers import answer, body, sub, sub_all
 from tests.nsq_wire import Wire, identify
@@ -28,13 +25,8 @@ UTC = dt.UTC
 
 
 @pytest.fixture(scope="module")
-def server(warehouse: Path) -> Iterator[Server]:
-    # The fanout deltaq up runs on one machine, in this process.
-    loop = FanoutLoop(Warehouse(str(warehouse)), once=False).start()
-    s = Server(warehouse).start()
-    yield s
-    s.stop()
-    loop.stop()
+def server(loop_served: Server) -> Server:
+    return loop_served
 
 
 _names = itertools.count()
