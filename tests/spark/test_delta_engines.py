@@ -80,7 +80,12 @@ def test_delta_spark_reads_every_table_deltaq_writes(
     )
     r = c.post("/mpub", params={"topic": "t", "envelope": "json"}, content=lines)
     assert r.text == "OK"
+    publish_typed(c)
     run_once(delta, wh)
+    dying_orders = sub(c, "orders", "dl", max=4, wait_ms=5000)
+    assert len(dying_orders) == 4
+    assert answer(c, "req", "orders", "dl", *dying_orders).status_code == 200
+    assert sub(c, "orders", "dl", max=4, wait_ms=500) == []
     messages = sub(c, "t", "c", max=10, wait_ms=5000)
     assert messages
     assert answer(c, "fin", "t", "c", *messages).status_code == 200
@@ -111,7 +116,10 @@ def test_delta_spark_reads_every_table_deltaq_writes(
     assert count(delta, topic) == 64  # 32 published, 32 replayed copies
 
     # The same tables by name in the session's catalog, in one call with the views.
-    assert "queue_stats" in register_views(delta, str(wh), database="deltaq_conformance")
+    views = register_views(delta, str(wh), database="deltaq_conformance")
+    assert "queue_stats" in views and "topic_orders" in views
+    # A typed topic's fields, by name wherever its rows are.
+    check_typed(delta, wh, "deltaq_conformance")
     named = {
         name: path
         for name, path in register_tables(delta, str(wh), "deltaq_conformance").items()
@@ -156,10 +164,9 @@ def test_delta_spark_reads_every_table_deltaq_writes(
     assert count(delta, topic, versionAsOf=str(compacted.version)) == 64
 
 
-def test_a_typed_topics_fields_are_columns_for_delta_spark_sql_views_and_streams(
-    delta: SparkSession, served: tuple[Path, httpx.Client]
-) -> None:
-    wh, c = served
+def publish_typed(c: httpx.Client) -> None:
+    """A typed topic, orders, whose schema gains a field after three messages, with a channel
+    c and a channel dl whose messages die after one attempt."""
     r = c.post("/topic/create", params={"topic": "orders", "schema": "sku STRING, amount DOUBLE"})
     assert r.status_code == 200, r.text
     for channel, extra in (("c", {}), ("dl", {"max_attempts": "1"})):
@@ -175,22 +182,19 @@ def test_a_typed_topics_fields_are_columns_for_delta_spark_sql_views_and_streams
     assert r.status_code == 200, r.text
     later = b'{"sku": "b", "amount": 10, "region": "eu"}'
     assert c.post("/pub", params={"topic": "orders"}, content=later).text == "OK"
-    run_once(delta, wh)
-    dying = sub(c, "orders", "dl", max=4, wait_ms=5000)
-    assert len(dying) == 4
-    assert answer(c, "req", "orders", "dl", *dying).status_code == 200
-    assert sub(c, "orders", "dl", max=4, wait_ms=500) == []
 
+
+def check_typed(delta: SparkSession, wh: Path, database: str) -> None:
+    """orders' fields as columns: by path, by the topic's view and catalog entry, in its
+    channel's and dead-letter tables, and in a user's own stream of the topic."""
     w = Warehouse(str(wh))
     topic = delta.read.format("delta").load(w.topic_path("orders"))
     assert topic.schema["amount"].dataType.simpleString() == "double"
-    names = register_views(delta, str(wh), database="deltaq_typed")
-    assert "topic_orders" in names
     query = "SELECT sku, sum(amount) AS total FROM {} WHERE amount > 1 GROUP BY sku ORDER BY sku"
-    for table in ("topic_orders", "deltaq_typed.topic_orders"):
+    for table in ("topic_orders", f"{database}.topic_orders"):
         totals = [(row.sku, row.total) for row in delta.sql(query.format(table)).collect()]
         assert totals == [("a", 2.5), ("b", 14.0)], table
-    regions = delta.sql("SELECT sku, region FROM deltaq_typed.topic_orders ORDER BY amount")
+    regions = delta.sql(f"SELECT sku, region FROM {database}.topic_orders ORDER BY amount")
     assert [(row.sku, row.region) for row in regions.collect()] == [
         ("a", None),
         ("a", None),
@@ -198,11 +202,8 @@ def test_a_typed_topics_fields_are_columns_for_delta_spark_sql_views_and_streams
         ("b", "eu"),
     ]
     for table in ("channel_orders__c_messages", "channel_orders__dl_dead"):
-        rows_of = delta.sql(
-            f"SELECT sum(amount) AS s, count(region) AS r FROM deltaq_typed.{table}"
-        )
+        rows_of = delta.sql(f"SELECT sum(amount) AS s, count(region) AS r FROM {database}.{table}")
         assert [(row.s, row.r) for row in rows_of.collect()] == [(17.5, 1)], table
-    # A user's own stream of the topic gets the typed columns as well.
     stream = (
         delta.readStream.format("delta")
         .load(w.topic_path("orders"))
