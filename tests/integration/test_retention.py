@@ -12,6 +12,7 @@ from deltalake import DeltaTable
 
 from queue_engine.channel_queue import DeadLetter
 from queue_engine.channel_restore import restore_channel
+from queue_engine.fanout import batch_note
 from queue_engine.lease import EventKind, LeaseEvent
 from queue_engine.message import SEQUENCE_BITS
 from queue_engine.registry import ChannelInfo, Registry, TopicInfo
@@ -173,6 +174,32 @@ def test_topic_rows_go_once_old_and_taken_by_every_channel(tmp_path: Path) -> No
     assert _ids_in(wh.topic_path("t"), version=3) == set(old_a + old_b + recent)
     # Channel tables are untouched by topic retention (finished_hours 0: kept for ever).
     assert len(_ids_in(wh.channel_messages_path("t", "fast"))) == 8
+
+
+def test_a_filtered_channel_that_kept_everything_out_has_taken_what_its_fanout_noted(
+    tmp_path: Path,
+) -> None:
+    wh = Warehouse(str(tmp_path))
+    topic = _appender(wh.topic_path("t"), TOPIC_SCHEMA)
+    old_a, old_b = _ids(NOW - 5 * HOUR, 3), _ids(NOW - 5 * HOUR, 3, 3)
+    assert [topic.append(_topic_rows(ids)) for ids in (old_a, old_b)] == [1, 2]
+    picky = _appender(wh.channel_messages_path("t", "picky"), CHANNEL_MESSAGES_SCHEMA)
+    registry = _registry(_topic("t", "picky"))
+    registry.topics["t"].channels["picky"].filters = ((-1, "id = 'none of them'"),)
+    # Its fanout commits noted version 1, then its filter kept version 2 wholly out: a commit
+    # of no rows noting the version reached.
+    picky.append(_channel_rows([], 1), user_metadata=batch_note(3, 1))
+    assert apply_retention(wh, registry, TOPIC_ONLY, NOW).rows_removed == 3
+    assert _ids_in(wh.topic_path("t")) == set(old_b)
+    empty = pa.Table.from_batches([], schema=CHANNEL_MESSAGES_SCHEMA)
+    picky.append(empty, user_metadata=batch_note(3, 2))
+    assert apply_retention(wh, registry, TOPIC_ONLY, NOW).rows_removed == 3
+    assert _ids_in(wh.topic_path("t")) == set()
+    # An unfiltered channel's progress is its rows': a note there is not read.
+    registry.topics["t"].channels["picky"].filters = ()
+    latest = topic.append(_topic_rows(_ids(NOW - 5 * HOUR, 2, 6)))
+    picky.append(empty, user_metadata=batch_note(2, latest))
+    assert apply_retention(wh, registry, TOPIC_ONLY, NOW).rows_removed == 0
 
 
 def test_fixed_retention_ignores_channels_and_a_topic_without_channels_keeps_its_buffer(
