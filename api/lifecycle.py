@@ -145,9 +145,11 @@ async def topic_configure(
     if retention is not None:
         options["retention"] = parse_retention(retention)
     broker = broker_of(request)
-    await broker.configure_topic(name, options)
     if schema is not None:
+        # First: the one change that can still be refused (SCHEMA_CHANGE_REFUSED), so that a
+        # refused call changes nothing.
         await broker.declare_topic_schema(name, schema)
+    await broker.configure_topic(name, options)
     return ok_empty()
 
 

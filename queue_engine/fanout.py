@@ -10,8 +10,6 @@ give the same answer, so a replayed fanout batch routes exactly as the first att
 
 from __future__ import annotations
 
-import json
-
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -113,12 +111,13 @@ def route(rows: pa.Table, registry: Registry) -> dict[tuple[str, str], pa.Table]
 
 def route_noted(
     rows: pa.Table, registry: Registry
-) -> tuple[dict[tuple[str, str], pa.Table], dict[tuple[str, str], str]]:
-    """``route``, and for each filtered channel what its commit records (``batch_note``):
-    a filtered channel whose filter kept every row of the batch out gets an empty table, so
-    that the count, and the topic version the batch reached, are still committed."""
+) -> tuple[dict[tuple[str, str], pa.Table], dict[tuple[str, str], tuple[int, int]]]:
+    """``route``, and for each filtered channel what its commit notes
+    (queue_engine.store.tables.batch_notes): the rows its filter kept out of the batch, and the
+    newest topic version of the batch's rows of its topic. A filtered channel whose filter kept
+    every row out gets an empty table: the note can still be committed."""
     out: dict[tuple[str, str], pa.Table] = {}
-    notes: dict[tuple[str, str], str] = {}
+    notes: dict[tuple[str, str], tuple[int, int]] = {}
     if rows.num_rows == 0:
         return out, notes
     topics = pc.unique(rows["topic"]).to_pylist()
@@ -146,15 +145,7 @@ def route_noted(
             if condition is not None and selected.num_rows:
                 eligible = selected.num_rows
                 selected = selected.filter(condition)
-                notes[(topic, name)] = batch_note(eligible - selected.num_rows, reached)
+                notes[(topic, name)] = (eligible - selected.num_rows, reached)
             if selected.num_rows or (topic, name) in notes:
                 out[(topic, name)] = selected.select(columns)
     return out, notes
-
-
-def batch_note(kept_out: int, reached: int) -> str:
-    """What a filtered channel's commit of a fanout batch records (its commitInfo's
-    ``userMetadata``): the rows its filter kept out of the batch, and the newest topic version
-    of the batch's rows of its topic. The API counts the first (``filtered_count``), and
-    takes the second as how far the channel has taken its topic, when no row went in."""
-    return json.dumps({"deltaq.kept_out": kept_out, "deltaq.topic_version": reached})

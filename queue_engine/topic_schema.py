@@ -164,7 +164,7 @@ class TopicSchema:
         for body in bodies:
             try:
                 rows.append(decode(body))
-            except (msgspec.ValidationError, msgspec.DecodeError):
+            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
                 rows.append(self._fitting_part(body))
         return rows
 
@@ -198,6 +198,9 @@ class TopicSchema:
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 reason = self._reason(body) or _msgspec_reason(str(exc))
                 raise _refused(line, len(bodies), reason) from exc
+            except RecursionError as exc:
+                # msgspec's depth follows the stack: a body nested ~1000 deep (anywhere in it).
+                raise _refused(line, len(bodies), "not JSON (nested too deeply)") from exc
         # What msgspec takes and a column cannot hold: an instant before year 1 or after 9999
         # once in UTC (0001-01-01T00:00:00+01:00).
         for i, field in enumerate(self.fields):
@@ -228,7 +231,7 @@ class TopicSchema:
         """Why ``body`` does not fit, in deltaq's words (None: msgspec's say it better)."""
         try:
             value = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
+        except (orjson.JSONDecodeError, RecursionError) as exc:
             return f"not JSON ({exc})"
         if not isinstance(value, dict):
             return f"a typed topic takes a JSON object, not {_json_kind(value)}"
@@ -242,7 +245,7 @@ class TopicSchema:
         """A decoded row of the declared fields of ``body`` whose values fit (others null)."""
         try:
             value = orjson.loads(body)
-        except orjson.JSONDecodeError:
+        except (orjson.JSONDecodeError, RecursionError):
             value = {}
         if not isinstance(value, dict):
             value = {}
@@ -284,7 +287,7 @@ def _value_reason(field: SchemaField, value: object) -> str | None:
         return "required (NOT NULL), absent or null" if field.not_null else None
     try:
         decoded = _value_decoder(field.type).decode(orjson.dumps({"v": value}))
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, TypeError):
         decoded = None
     if decoded is not None and not _outside(field, decoded.v):
         return None

@@ -207,6 +207,18 @@ def test_the_schema_evolves_by_deltas_rules(server: Server, http: httpx.Client) 
     def configure(schema: str) -> httpx.Response:
         return http.post("/topic/configure", params={"topic": topic, "schema": schema})
 
+    # A refused schema changes nothing, not even the TTL given with it.
+    r = http.post(
+        "/topic/configure", params={"topic": topic, "ttl_ms": "1000", "schema": "sku STRING"}
+    )
+    assert error(r)[:2] == (409, "SCHEMA_CHANGE_REFUSED")
+    registry = DeltaTable(str(server.warehouse / "registry")).to_pyarrow_table()
+    options = [
+        o
+        for t, o in zip(registry["topic"].to_pylist(), registry["options"].to_pylist(), strict=True)
+        if t == topic
+    ]
+    assert not any("ttl_ms" in (o or "") for o in options), options
     for schema, reason in [
         ("sku STRING NOT NULL", "field qty is dropped"),
         ("sku STRING NOT NULL, qty BIGINT", "field qty: INT to BIGINT"),

@@ -12,7 +12,6 @@ from deltalake import DeltaTable
 
 from queue_engine.channel_queue import DeadLetter
 from queue_engine.channel_restore import restore_channel
-from queue_engine.fanout import batch_note
 from queue_engine.lease import EventKind, LeaseEvent
 from queue_engine.message import SEQUENCE_BITS
 from queue_engine.registry import ChannelInfo, Registry, TopicInfo
@@ -37,6 +36,7 @@ from queue_engine.store.tables import (
     read_meta,
     write_state,
 )
+from queue_engine.store.tables.batch_notes import batch_note
 from queue_engine.store.upkeep import RetentionPolicy, apply_retention
 
 HOUR = 3_600_000_000

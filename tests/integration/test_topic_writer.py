@@ -15,6 +15,7 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
+from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.store.delta import (
     DeltaRsAppender,
     LocalAppender,
@@ -36,6 +37,7 @@ from queue_engine.store.upkeep import (
     MaintenanceProcessError,
     maintenance,
 )
+from queue_engine.topic_schema import TopicSchema, parse_schema
 
 
 class Results:
@@ -549,3 +551,36 @@ def test_maintenance_in_a_child_process_does_the_same_and_outlives_its_child(
     with pytest.raises(ProcessLookupError):  # stopped and reaped
         os.kill(m.last_upkeep_pid, 0)
     assert m.process_resident_bytes() is None
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["local-fast-path", "delta-rs"])
+def test_typed_columns_and_a_column_left_by_a_schema_never_recorded(
+    tmp_path: Path, fast: bool
+) -> None:
+    """A declare adds its fields' columns before the schema is recorded: if the record never
+    happens, the column stays. Appends without that field fill it with nulls (delta-rs refuses
+    an append lacking a column), and a later declare giving it another type is refused."""
+    results = Results()
+    path = str(tmp_path / "t")
+    schema: list[TopicSchema | None] = [None]
+    writer = TopicWriter(
+        path, results, commit_max_bytes=1 << 20, fast_appends=fast, schema_of=lambda: schema[0]
+    )
+    writer.declare(parse_schema("sku STRING, qty INT"))  # its record "never happened"
+    writer.submit_publish([b'{"sku": "a", "qty": 1}'], now_us(), None, "untyped")
+    results.wait(1)
+    schema[0] = parse_schema("sku STRING")
+    writer.submit_publish([b'{"sku": "b", "qty": 2}'], now_us(), None, "typed")
+    results.wait(2)
+    assert results.done == {"untyped": None, "typed": None}
+    with pytest.raises(QueueError) as refused:
+        writer.declare(parse_schema("sku STRING, qty BIGINT"))
+    assert refused.value.code is ErrorCode.SCHEMA_CHANGE_REFUSED
+    assert refused.value.detail.startswith("field qty: the topic's table has a column qty")
+    writer.declare(parse_schema("sku STRING, qty INT, size STRING"))  # as the table has it
+    writer.close()
+    rows = DeltaTable(path).to_pyarrow_table(columns=["body", "sku", "qty", "size"]).to_pylist()
+    assert sorted(rows, key=lambda r: r["body"]) == [
+        {"body": b'{"sku": "a", "qty": 1}', "sku": None, "qty": None, "size": None},
+        {"body": b'{"sku": "b", "qty": 2}', "sku": "b", "qty": None, "size": None},
+    ]

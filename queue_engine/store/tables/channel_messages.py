@@ -8,7 +8,6 @@ file (~0.5 ms locally) and read from the commit log (only the files they added).
 
 from __future__ import annotations
 
-import json
 import os
 from collections import deque
 from collections.abc import Iterator
@@ -29,6 +28,12 @@ from queue_engine.store.delta.commit_log import (
 )
 from queue_engine.store.delta.open_table import conform
 from queue_engine.store.storage.files import filesystem, parquet_dataset
+from queue_engine.store.tables.batch_notes import (
+    KEPT_OUT,
+    TOPIC_VERSION,
+    noted_topic_version,
+    read_note,
+)
 from queue_engine.store.tables.schemas import CHANNEL_MESSAGES_SCHEMA
 
 COLUMNS = ["id", "body", "published_at", "deliver_at", "topic_version", "expires_at", "headers"]
@@ -81,6 +86,10 @@ class ChannelReader:
         except Exception:
             return []
         self.version = int(dt.version())
+        # A filtered channel whose filter kept the last batches out: its newest commit notes
+        # how far the fanout has taken the topic (its rows cannot say).
+        reached = noted_topic_version(self.path, self.version, lookback=1)
+        self.max_topic_version = max(self.max_topic_version, reached)
         actions = pa.table(dt.get_add_actions(flatten=True))
         paths = [absolute_path(self.path, p) for p in actions["path"].to_pylist()]
         rows = actions["num_records"].to_pylist()
@@ -117,8 +126,6 @@ class ChannelReader:
         versions = list(range(self.version + 1, latest + 1))
         parsed = parse_commits(self.path, versions)
         commits = [parsed[v] for v in versions]
-        for commit in commits:
-            self._note(commit.user_metadata)
         for added in resolve(self.path, commits):
             count = added.num_records
             if count is None:
@@ -131,6 +138,9 @@ class ChannelReader:
             if added.max_topic_version is not None:
                 self.max_topic_version = max(self.max_topic_version, added.max_topic_version)
             rows += count
+        # Once every commit was read: a poll that fails reads them all again next time.
+        for commit in commits:
+            self._note(commit.user_metadata)
         self.version = latest
         self.message_count += rows
         self.unread_rows += rows
@@ -140,18 +150,11 @@ class ChannelReader:
         """What the fanout recorded with a commit (queue_engine.fanout.batch_note): the rows
         the channel's filter kept out of that batch, and the topic version the batch reached,
         which a commit of no rows (every row kept out) carries alone."""
-        if not user_metadata:
-            return
-        try:
-            note = json.loads(user_metadata)
-        except ValueError:
-            return  # another writer's metadata
-        if not isinstance(note, dict):
-            return
-        kept_out = note.get("deltaq.kept_out")
+        note = read_note(user_metadata)
+        kept_out = note.get(KEPT_OUT)
         if isinstance(kept_out, int) and kept_out > 0:
             self.kept_out += kept_out
-        reached = note.get("deltaq.topic_version")
+        reached = note.get(TOPIC_VERSION)
         if isinstance(reached, int):
             self.max_topic_version = max(self.max_topic_version, reached)
 

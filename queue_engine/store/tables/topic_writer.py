@@ -16,15 +16,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
+from deltalake.schema import Field as DeltaField
 from deltalake.transaction import Transaction
 
+from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.headers import Headers, headers_bytes
 from queue_engine.message import LANES, IdAllocator, id_from_hex
 from queue_engine.metrics import TOPIC_COMMIT_SECONDS
 from queue_engine.store.delta.append import DeltaRsAppender
 from queue_engine.store.delta.commit_log import messages_added
 from queue_engine.store.delta.group_commit import GroupCommitter, Notify, WriterClosedError
-from queue_engine.store.delta.open_table import add_missing_columns, open_or_create
+from queue_engine.store.delta.open_table import add_missing_columns, conform, open_or_create
 from queue_engine.store.journal.records import Record
 from queue_engine.store.tables.ids import hex_id_array
 from queue_engine.store.tables.schemas import HEADERS_TYPE, TOPIC_SCHEMA
@@ -86,6 +88,9 @@ class TopicWriter(GroupCommitter[_Publish]):
         self._schema_of = schema_of
         # The schema whose columns the table is known to have.
         self._evolved: TopicSchema | None = None
+        # The table's columns, where they are more than a commit's rows have (a field's
+        # column added by a declare whose schema was never recorded): filled with nulls.
+        self._columns = pa.schema(dt.schema().to_arrow())
         # Commits of journaled publishes record this app transaction (queue_engine.store
         # .journal): version = the newest journal position the commit carries. Set by the
         # node once its journal runs.
@@ -279,13 +284,28 @@ class TopicWriter(GroupCommitter[_Publish]):
         self._committed(version, count, sum(p.nbytes for p in batch), was_queued=count)
 
     def declare(self, schema: TopicSchema) -> None:
-        """Add the columns of ``schema`` the table lacks (blocking; ordered with the commits)."""
+        """Add the columns of ``schema`` the table lacks (blocking; ordered with the commits);
+        SCHEMA_CHANGE_REFUSED if the table has one of them under another type or spelling (a
+        declare whose schema was never recorded, then another with a different type)."""
         with self.exclusive():
+            have = {f.name.lower(): f for f in DeltaTable(self.path).schema().fields}
+            for wanted in schema.arrow_fields:
+                existing = have.get(wanted.name.lower())
+                if existing is None:
+                    continue
+                expected = DeltaField.from_arrow(wanted)
+                if existing.name != wanted.name or str(existing.type) != str(expected.type):
+                    raise QueueError(
+                        ErrorCode.SCHEMA_CHANGE_REFUSED,
+                        f"field {wanted.name}: the topic's table has a column "
+                        f"{existing.name} of type {existing.type}",
+                    )
             self._evolve(schema)
 
     def _evolve(self, schema: TopicSchema) -> None:
         if schema != self._evolved:
-            add_missing_columns(DeltaTable(self.path), _with_fields(schema))
+            dt = add_missing_columns(DeltaTable(self.path), _with_fields(schema))
+            self._columns = pa.schema(dt.schema().to_arrow())
             self._appender.reopen()
             self._evolved = schema
 
@@ -295,15 +315,17 @@ class TopicWriter(GroupCommitter[_Publish]):
         value that does not fit, possible only for a field declared after its message was
         taken, reads null); the table gains the columns first. With the commit lock held."""
         schema = self._schema_of()
-        if schema is None:
-            return table
-        self._evolve(schema)
-        if batch is None or not any(p.typed is not None for p in batch):
-            columns = schema.lenient_columns(table["body"].to_pylist())
-        else:
-            columns = _made_columns(schema, batch)
-        for field, column in zip(schema.arrow_fields, columns, strict=True):
-            table = table.append_column(field, column)
+        if schema is not None:
+            self._evolve(schema)
+            if batch is None or not any(p.typed is not None for p in batch):
+                columns = schema.lenient_columns(table["body"].to_pylist())
+            else:
+                columns = _made_columns(schema, batch)
+            for field, column in zip(schema.arrow_fields, columns, strict=True):
+                table = table.append_column(field, column)
+        if len(self._columns) > table.num_columns:
+            # delta-rs refuses an append that lacks a column of the table.
+            table = conform(table, self._columns)
         return table
 
     def _dropped(self, items: list[_Publish]) -> None:

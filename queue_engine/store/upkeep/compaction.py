@@ -36,6 +36,7 @@ from queue_engine.store.delta.append import (
     merged_stats,
     put_log_entry,
 )
+from queue_engine.store.delta.open_table import conform
 from queue_engine.store.delta.removal import put_remote, remove_action, winner_check
 from queue_engine.store.delta.spare_files import SPARE_DIR
 from queue_engine.store.storage.files import parquet_dataset
@@ -185,9 +186,8 @@ def _compact_remote(
             for f, data in zip(chunk, datas, strict=True):
                 if data is None:
                     raise CompactionConflict(f"{f.path} is gone")
-                tables.append(
-                    pq.read_table(pa.BufferReader(data)).select(schema.names).cast(schema)
-                )
+                # A file from before a column was added lacks it: read as nulls.
+                tables.append(conform(pq.read_table(pa.BufferReader(data)), schema))
             yield pa.concat_tables(tables)
 
     buffer = pa.BufferOutputStream()

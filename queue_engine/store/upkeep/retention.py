@@ -29,7 +29,6 @@ files of rows of a similar age, so little lingers. A channel never swept keeps e
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -43,9 +42,10 @@ from queue_engine.lease import Status
 from queue_engine.message import id_from_hex, id_timestamp_ms
 from queue_engine.registry import ChannelInfo, Registry, TopicInfo
 from queue_engine.settings import RetentionMode, Settings
-from queue_engine.store.delta.commit_log import absolute_path, commit_info
+from queue_engine.store.delta.commit_log import absolute_path
 from queue_engine.store.delta.removal import RemovalConflict, removal_supported, remove_files
 from queue_engine.store.storage.files import filesystem, parquet_dataset
+from queue_engine.store.tables.batch_notes import noted_topic_version
 from queue_engine.store.tables.channel_state import StateMeta, meta_as_of, read_meta
 from queue_engine.store.tables.warehouse import Warehouse
 
@@ -197,7 +197,7 @@ def _channel(
     if files is not None:
         taken = max([taken, *(v for v in files.max_topic_versions if v is not None)])
     if messages is not None and channel.filters:
-        taken = max(taken, _noted_version(messages_path, int(messages.version())))
+        taken = max(taken, noted_topic_version(messages_path, int(messages.version()), 10))
     if newest is None or policy.finished_hours <= 0 or messages is None or files is None:
         return taken
     old = meta_as_of(state_path, newest, now_us - int(policy.finished_hours * _HOUR_US))
@@ -292,29 +292,6 @@ def _remove(
         report.skipped.append(f"{path}: {exc}")
         return
     report.removed(len(chosen), sum(r for _, _, r in chosen), sum(s for _, s, _ in chosen))
-
-
-# How many of a filtered channel's newest commits are looked through for the fanout's note
-# (upkeep's own commits, compactions and removals, carry none).
-_NOTE_LOOKBACK = 10
-
-
-def _noted_version(path: str, latest: int) -> int:
-    """The topic version the newest fanout commit of a filtered channel's table noted it had
-    reached (queue_engine.fanout.batch_note; -1: none among the newest commits)."""
-    for version in range(latest, max(-1, latest - _NOTE_LOOKBACK), -1):
-        info = commit_info(path, version)
-        metadata = None if info is None else info.get("userMetadata")
-        if not isinstance(metadata, str):
-            continue
-        try:
-            note = json.loads(metadata)
-        except ValueError:
-            continue
-        reached = note.get("deltaq.topic_version") if isinstance(note, dict) else None
-        if isinstance(reached, int):
-            return reached
-    return -1
 
 
 def _open(path: str, report: RetentionReport, *, missing_ok: bool = False) -> DeltaTable | None:
