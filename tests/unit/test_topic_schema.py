@@ -248,3 +248,15 @@ def test_a_schema_evolves_by_deltas_rules(new: str, refusal: str | None) -> None
         evolve(old, parse_schema(new))
     assert refused.value.code is ErrorCode.SCHEMA_CHANGE_REFUSED
     assert refused.value.detail.startswith(refusal), refused.value.detail
+
+
+def test_a_body_nested_too_deeply_is_refused_and_read_as_nulls_where_it_was_taken() -> None:
+    """msgspec's depth follows Python's stack: a body nested thousands deep (in a field the
+    schema does not declare) is refused, not a crash; taken before the topic was typed, it
+    converts leniently to nulls instead of stopping the fanout."""
+    schema = parse_schema("a DOUBLE")
+    deep = b'{"a": 1, "doc": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    with pytest.raises(QueueError) as refused:
+        schema.check([b'{"a": 2}', deep])
+    assert refused.value.detail == "line 2: not JSON (nested too deeply)"
+    assert [c.to_pylist() for c in schema.lenient_columns([b'{"a": 2}', deep])] == [[2.0, None]]
