@@ -70,8 +70,8 @@ from queue_engine.store.tables import (
     NoticeWriter,
     RegistryReader,
     Warehouse,
+    batch_note,
 )
-from queue_engine.store.tables.batch_notes import batch_note
 from queue_engine.topic_schema import TopicSchema, parse_schema
 
 log = logging.getLogger(__name__)

@@ -4,6 +4,7 @@ beside them (notices, sweep marks)."""
 
 from __future__ import annotations
 
+from queue_engine.store.tables.batch_notes import batch_note, read_note
 from queue_engine.store.tables.channel_messages import (
     COLUMNS,
     READ_BUFFER_BYTES,
@@ -133,6 +134,7 @@ __all__ = [
     "TopicWriter",
     "Warehouse",
     "append_sweep_events",
+    "batch_note",
     "columns_as_lists",
     "current_meta",
     "events_from_arrow",
@@ -153,6 +155,7 @@ __all__ = [
     "read_ledger",
     "read_ledger_after",
     "read_meta",
+    "read_note",
     "read_state",
     "read_versions",
     "save_marks",
