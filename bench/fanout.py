@@ -10,7 +10,8 @@
    seconds and peak RSS of the fanout's Python driver, its JVM and
    Spark's Python workers (run it with --backlog N and 10 N to see what grows with the
    backlog).
-3. Filter (``--only filter``): the backlog twice, published as envelopes whose headers say
+3. Typed (``--only typed``): the same JSON backlog from an untyped and a typed topic.
+4. Filter (``--only filter``): the backlog twice, published as envelopes whose headers say
    ``region`` eu or us in turn, into a channel without a filter and then into one with
    ``headers['region'] = 'eu'``; prints topic rows read per second of each and their ratio.
 
@@ -21,7 +22,7 @@ the store directly, without the delay.
     python -m bench.fanout [--rate 200] [--seconds 20] [--backlog 1000000]
                            [--channel-writes auto|driver|deltaq|delta] [--embedded]
                            [--without-delta-spark]
-                           [--store local|s3] [--store-delay-ms 20] [--only filter]
+                           [--store local|s3] [--store-delay-ms 20] [--only filter|typed]
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from bench.procs import (
     stop,
     warehouse_arg,
 )
+from bench.publish import JSON_BODY, SCHEMA
 from queue_engine.store.delta import added_files, latest_version
 
 
@@ -190,18 +192,24 @@ def _remote_bodies(table_url: str, after: int, through: int) -> list[bytes]:
     return bodies
 
 
-def backlog(count: int, job_args: list[str], filter_text: str | None = None) -> float:
+def backlog(
+    count: int, job_args: list[str], filter_text: str | None = None, schema: str | None = None
+) -> float:
     """The backlog run; returns topic rows read per second of the fanout's wall time. With
     ``filter_text`` (None: plain text bodies), the messages are envelopes with a region header
-    and the channel has the filter ("" for none)."""
+    and the channel has the filter ("" for none). With ``schema`` ("" for an untyped topic),
+    the messages are bench.publish's JSON objects and the topic is typed with it."""
     channel = "/channel/create?topic=b&channel=c"
+    create = "/topic/create?topic=b"
+    if schema:
+        create += "&" + urllib.parse.urlencode({"schema": schema})
     if filter_text:
         channel += "&" + urllib.parse.urlencode({"filter": filter_text})
     with tempfile.TemporaryDirectory() as tmp:
         empty = Path(tmp) / "empty"
         port = free_port()
         api = api_process(empty, port)
-        post(port, "/topic/create?topic=b")
+        post(port, create)
         post(port, channel)
         stop(api)
         t = time.perf_counter()
@@ -211,9 +219,11 @@ def backlog(count: int, job_args: list[str], filter_text: str | None = None) -> 
         wh = Path(tmp) / "wh"
         port = free_port()
         api = api_process(wh, port)
-        post(port, "/topic/create?topic=b")
+        post(port, create)
         post(port, channel)
         body = b"\n".join([b"x" * 200] * 1000)
+        if schema is not None:
+            body = b"\n".join([JSON_BODY] * 1000)
         url = f"http://{HOST}:{port}/mpub?topic=b"
         if filter_text is not None:
             lines = [
@@ -255,6 +265,17 @@ def backlog(count: int, job_args: list[str], filter_text: str | None = None) -> 
             f"Python workers {usage.cpu['workers']:.1f} CPU-s"
         )
         return published / wall
+
+
+def typed_cost(count: int, job_args: list[str]) -> None:
+    """The same JSON backlog from an untyped topic, then from a typed one (the fanout decodes
+    the fields into the channel's columns)."""
+    plain = backlog(count, job_args, schema="")
+    typed = backlog(count, job_args, schema=SCHEMA)
+    print(
+        f"typed: topic rows read {plain:,.0f} msg/s untyped, {typed:,.0f} msg/s typed "
+        f"(six fields): {typed / plain:.2f}x"
+    )
 
 
 def filter_cost(count: int, job_args: list[str]) -> None:
@@ -312,7 +333,7 @@ def main() -> int:
         "--warmup", type=float, default=5, help="seconds of the same load before measuring"
     )
     parser.add_argument("--backlog", type=int, default=1_000_000)
-    parser.add_argument("--only", choices=["latency", "backlog", "filter"])
+    parser.add_argument("--only", choices=["latency", "backlog", "filter", "typed"])
     parser.add_argument(
         "--channel-writes", default="auto", help="passed to deltaq fanout (driver, deltaq, ...)"
     )
@@ -343,6 +364,8 @@ def main() -> int:
         return 0
     if args.only == "filter":
         filter_cost(args.backlog, job_args)
+    if args.only == "typed":
+        typed_cost(args.backlog, job_args)
         return 0
     if args.only in (None, "latency"):
         latency(args.rate, args.seconds, args.warmup, job_args, args.embedded)
