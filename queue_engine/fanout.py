@@ -102,17 +102,11 @@ def filter_sql(channel: ChannelInfo, fields: Fields = ()) -> str | None:
     return " OR ".join(parts)
 
 
-def route(rows: pa.Table, registry: Registry) -> dict[tuple[str, str], pa.Table]:
-    """Rows (with ``topic`` and ``topic_version`` columns) per (topic, channel); a typed
-    topic's rows with its fields' columns last."""
-    tables, _ = route_noted(rows, registry)
-    return {key: table for key, table in tables.items() if table.num_rows}
-
-
 def route_noted(
     rows: pa.Table, registry: Registry
 ) -> tuple[dict[tuple[str, str], pa.Table], dict[tuple[str, str], tuple[int, int]]]:
-    """``route``, and for each filtered channel what its commit notes
+    """Rows (with ``topic`` and ``topic_version`` columns) per (topic, channel), a typed topic's
+    rows with its fields' columns last; and for each filtered channel what its commit notes
     (queue_engine.store.tables.batch_notes): the rows its filter kept out of the batch, and the
     newest topic version of the batch's rows of its topic. A filtered channel whose filter kept
     every row out gets an empty table: the note can still be committed."""

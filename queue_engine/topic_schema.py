@@ -138,17 +138,9 @@ class TopicSchema:
         body = msgspec.defstruct("Body", fields, rename=rename, kw_only=True)
         return msgspec.json.Decoder(body)
 
-    def check(self, bodies: Sequence[bytes]) -> None:
-        """Refuse (INVALID_BODY, naming the first body that does not fit: its line, counted
-        from 1 where there are several, its field and why) unless every body fits."""
-        self._decode(bodies)
-
-    def columns(self, bodies: Sequence[bytes]) -> list[pa.Array]:
-        """The typed columns of ``bodies``, which must fit (INVALID_BODY as ``check``)."""
-        return self.arrays(self._decode(bodies))
-
     def rows(self, bodies: Sequence[bytes]) -> list[Any]:
-        """``bodies`` decoded, which must fit (INVALID_BODY as ``check``): what ``arrays``
+        """``bodies`` decoded, which must fit (INVALID_BODY names the first that does not:
+        its line, counted from 1 where there are several, its field and why): what ``arrays``
         makes columns of, later and for many publishes at once."""
         return self._decode(bodies)
 
@@ -180,14 +172,6 @@ class TopicSchema:
         except _Unfit:
             # An instant before year 1 or after 9999 once in UTC.
             return self._arrays([self._fitting_part(msgspec.json.encode(r)) for r in rows])
-
-    def explain(self, body: bytes) -> str | None:
-        """Why ``body`` does not fit (None: it does)."""
-        try:
-            self._decode([body])
-        except QueueError as exc:
-            return exc.detail
-        return None
 
     def _decode(self, bodies: Sequence[bytes]) -> list[Any]:
         decode = self._decoder.decode

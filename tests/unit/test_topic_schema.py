@@ -142,17 +142,14 @@ def test_bodies_are_taken_exactly_when_they_fit_and_convert_to_their_values(
         if not fits and first_unfit is None:
             first_unfit = line
     if first_unfit is None:
-        got = [c.to_pylist() for c in schema.columns(bodies)]
+        got = [c.to_pylist() for c in schema.arrays(schema.rows(bodies))]
         assert got == columns
-        schema.check(bodies)  # what a publish runs: value by value for a few bodies
         return
-    # The whole-column conversion and the check a publish runs refuse alike.
-    for refuse in (schema.columns, schema.check):
-        with pytest.raises(QueueError) as refused:
-            refuse(bodies)
-        assert refused.value.code is ErrorCode.INVALID_BODY
-        if len(bodies) > 1:
-            assert refused.value.detail.startswith(f"line {first_unfit}: "), refused.value.detail
+    with pytest.raises(QueueError) as refused:
+        schema.rows(bodies)
+    assert refused.value.code is ErrorCode.INVALID_BODY
+    if len(bodies) > 1:
+        assert refused.value.detail.startswith(f"line {first_unfit}: "), refused.value.detail
 
 
 @given(_schemas, st.lists(_bodies, min_size=1, max_size=6))
@@ -190,7 +187,7 @@ def test_the_reason_names_the_field_and_what_it_must_be() -> None:
     }
     for content, reason in cases.items():
         with pytest.raises(QueueError) as refused:
-            schema.columns([b'{"sku": "fine"}', content])
+            schema.rows([b'{"sku": "fine"}', content])
         assert refused.value.detail == f"line 2: {reason}"
 
 
@@ -257,6 +254,6 @@ def test_a_body_nested_too_deeply_is_refused_and_read_as_nulls_where_it_was_take
     schema = parse_schema("a DOUBLE")
     deep = b'{"a": 1, "doc": ' + b"[" * 5000 + b"]" * 5000 + b"}"
     with pytest.raises(QueueError) as refused:
-        schema.check([b'{"a": 2}', deep])
+        schema.rows([b'{"a": 2}', deep])
     assert refused.value.detail == "line 2: not JSON (nested too deeply)"
     assert [c.to_pylist() for c in schema.lenient_columns([b'{"a": 2}', deep])] == [[2.0, None]]

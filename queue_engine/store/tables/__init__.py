@@ -4,7 +4,7 @@ beside them (notices, sweep marks)."""
 
 from __future__ import annotations
 
-from queue_engine.store.tables.batch_notes import batch_note, read_note
+from queue_engine.store.tables.batch_notes import batch_note
 from queue_engine.store.tables.channel_messages import (
     COLUMNS,
     READ_BUFFER_BYTES,
@@ -155,7 +155,6 @@ __all__ = [
     "read_ledger",
     "read_ledger_after",
     "read_meta",
-    "read_note",
     "read_state",
     "read_versions",
     "save_marks",

@@ -317,7 +317,7 @@ class TopicWriter(GroupCommitter[_Publish]):
         schema = self._schema_of()
         if schema is not None:
             self._evolve(schema)
-            if batch is None or not any(p.typed is not None for p in batch):
+            if batch is None:
                 columns = schema.lenient_columns(table["body"].to_pylist())
             else:
                 columns = _made_columns(schema, batch)
