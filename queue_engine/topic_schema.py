@@ -239,8 +239,12 @@ class TopicSchema:
             if value.get(f.name) is not None
             and _value_reason(SchemaField(f.name, f.type), value[f.name]) is None
         }
-        lenient = TopicSchema(tuple(SchemaField(f.name, f.type) for f in self.fields))
-        return lenient._decoder.decode(orjson.dumps(kept))
+        return self._lenient._decoder.decode(orjson.dumps(kept))
+
+    @functools.cached_property
+    def _lenient(self) -> TopicSchema:
+        """The same fields, none NOT NULL: what a fitting part is decoded with."""
+        return TopicSchema(tuple(SchemaField(f.name, f.type) for f in self.fields))
 
 
 class _Unfit(Exception):

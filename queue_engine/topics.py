@@ -19,6 +19,7 @@ from typing import Any
 
 from queue_engine.acks import Acks
 from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.fanout import topic_schema
 from queue_engine.headers import Headers
 from queue_engine.metrics import PUBLISH_SECONDS
 from queue_engine.node_registry import NodeRegistry
@@ -505,8 +506,7 @@ class Topics:
 
     def schema(self, name: str) -> TopicSchema | None:
         """The topic's declared schema (None: untyped, or no such topic)."""
-        info = self._registry.registry.topics.get(name)
-        return None if info is None or info.schema is None else parse_schema(info.schema)
+        return topic_schema(self._registry.registry, name)
 
     async def declare_schema(self, name: str, text: str) -> None:
         """Give the topic a schema, or evolve the one it has (SCHEMA_CHANGE_REFUSED if its

@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +15,8 @@ import httpx
 import pytest
 from deltalake import DeltaTable
 
-from tests.conftest import Server
-from tests.consumers import answer, body, sub, sub_all
+from tests.conftest import Server, wait_until
+from tests.consumers import answer, body, channel_stats, sub, sub_all
 from tests.nsq_wire import Wire, identify
 
 SCHEMA = "sku STRING NOT NULL, amount DOUBLE, qty INT, placed_at TIMESTAMP, day DATE, gift BOOLEAN"
@@ -320,15 +319,9 @@ def test_what_a_filter_keeps_out_is_counted_and_the_channel_keeps_up(
     assert http.post("/mpub", params={"topic": topic}, content=b"\n".join(lines)).text == "OK"
     assert len(sub_all(http, topic, "c", 3)) == 3  # the unfiltered channel has them
 
-    def big() -> dict[str, Any]:
-        stats = http.get("/stats", params={"format": "json", "topic": topic}).json()
-        [channel] = [c for c in stats["topics"][0]["channels"] if c["channel_name"] == "big"]
-        return channel
-
-    deadline = time.monotonic() + 30
-    while big()["filtered_count"] != 3 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert (big()["filtered_count"], big()["depth"], big()["message_count"]) == (3, 0, 0)
+    wait_until(lambda: channel_stats(http, topic, "big")["filtered_count"] == 3, "the count of 3")
+    big = channel_stats(http, topic, "big")
+    assert (big["filtered_count"], big["depth"], big["message_count"]) == (3, 0, 0)
     metrics = http.get("/metrics").text
     labels = f'channel="big",topic="{topic}"'
     assert f"deltaq_channel_filtered_total{{{labels}}} 3.0" in metrics, metrics

@@ -584,3 +584,25 @@ def test_typed_columns_and_a_column_left_by_a_schema_never_recorded(
         {"body": b'{"sku": "a", "qty": 1}', "sku": None, "qty": None, "size": None},
         {"body": b'{"sku": "b", "qty": 2}', "sku": "b", "qty": None, "size": None},
     ]
+
+
+def test_publishes_decoded_when_checked_and_others_share_one_commits_columns_in_order(
+    tmp_path: Path,
+) -> None:
+    """A commit's columns come from each publish's rows decoded at publishing where it has
+    them, decoded at commit where not (a recovered journal's, a replay's), in row order."""
+    results = Results()
+    path = str(tmp_path / "t")
+    schema = parse_schema("n BIGINT, s STRING")
+    writer = TopicWriter(path, results, commit_max_bytes=1 << 20, schema_of=lambda: schema)
+    publishes = [[b'{"n": %d, "s": "%d"}' % (i * 10 + j, i) for j in range(3)] for i in range(6)]
+    with writer.exclusive():  # every publish waits for the same commit
+        for i, bodies in enumerate(publishes):
+            typed = (schema, schema.rows(bodies)) if i % 2 else None
+            writer.submit_publish(bodies, now_us(), None, i, typed=typed)
+    results.wait(6)
+    writer.close()
+    assert writer.stats().commits == 1
+    table = DeltaTable(path).to_pyarrow_table().sort_by("id")
+    want = [(i * 10 + j, str(i)) for i in range(6) for j in range(3)]
+    assert list(zip(table["n"].to_pylist(), table["s"].to_pylist(), strict=True)) == want

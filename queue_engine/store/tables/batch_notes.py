@@ -35,13 +35,19 @@ def read_note(user_metadata: str | None) -> dict[str, Any]:
     return note if isinstance(note, dict) else {}
 
 
+def note_reached(note: dict[str, Any]) -> int | None:
+    """The topic version a note says the fanout reached (None: it says none)."""
+    reached = note.get(TOPIC_VERSION)
+    return reached if isinstance(reached, int) else None
+
+
 def noted_topic_version(path: str, latest: int, lookback: int) -> int:
     """The topic version the newest note among the table's ``lookback`` newest commits says
     the fanout reached (-1: none; upkeep's own commits, compactions and removals, carry none)."""
     for version in range(latest, max(-1, latest - lookback), -1):
         info = commit_info(path, version)
         metadata = None if info is None else info.get("userMetadata")
-        reached = read_note(metadata if isinstance(metadata, str) else None).get(TOPIC_VERSION)
-        if isinstance(reached, int):
+        reached = note_reached(read_note(metadata if isinstance(metadata, str) else None))
+        if reached is not None:
             return reached
     return -1

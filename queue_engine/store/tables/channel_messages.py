@@ -30,7 +30,7 @@ from queue_engine.store.delta.open_table import conform
 from queue_engine.store.storage.files import filesystem, parquet_dataset
 from queue_engine.store.tables.batch_notes import (
     KEPT_OUT,
-    TOPIC_VERSION,
+    note_reached,
     noted_topic_version,
     read_note,
 )
@@ -154,8 +154,8 @@ class ChannelReader:
         kept_out = note.get(KEPT_OUT)
         if isinstance(kept_out, int) and kept_out > 0:
             self.kept_out += kept_out
-        reached = note.get(TOPIC_VERSION)
-        if isinstance(reached, int):
+        reached = note_reached(note)
+        if reached is not None:
             self.max_topic_version = max(self.max_topic_version, reached)
 
     def _count(self, path: str, rows: int) -> int:

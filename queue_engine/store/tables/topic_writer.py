@@ -320,7 +320,15 @@ class TopicWriter(GroupCommitter[_Publish]):
             if batch is None:
                 columns = schema.lenient_columns(table["body"].to_pylist())
             else:
-                columns = _made_columns(schema, batch)
+                # Each publish's rows decoded when it was checked with this schema, the others'
+                # decoded now; the columns of the whole commit made at once.
+                rows: list[Any] = []
+                for p in batch:
+                    if p.typed is not None and p.typed[0] == schema:
+                        rows.extend(p.typed[1])
+                    else:
+                        rows.extend(schema.lenient_rows(p.bodies))
+                columns = schema.arrays(rows)
             for field, column in zip(schema.arrow_fields, columns, strict=True):
                 table = table.append_column(field, column)
         if len(self._columns) > table.num_columns:
@@ -343,18 +351,6 @@ class TopicWriter(GroupCommitter[_Publish]):
             self._commits += 1
             self._committed_messages += count
             self._committed_bytes += nbytes
-
-
-def _made_columns(schema: TopicSchema, batch: list[_Publish]) -> list[pa.Array]:
-    """The typed columns of ``batch``'s bodies, in order, made at once: each publish's rows
-    decoded when it was checked with ``schema``, the others' decoded now."""
-    rows: list[Any] = []
-    for p in batch:
-        if p.typed is not None and p.typed[0] == schema:
-            rows.extend(p.typed[1])
-        else:
-            rows.extend(schema.lenient_rows(p.bodies))
-    return schema.arrays(rows)
 
 
 def _with_fields(schema: TopicSchema) -> pa.Schema:
