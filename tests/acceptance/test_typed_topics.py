@@ -340,3 +340,27 @@ def test_what_a_filter_keeps_out_is_counted_and_the_channel_keeps_up(
     assert http.post("/pub", params={"topic": topic}, content=order("s4", amount=500)).text == "OK"
     [m] = sub_all(http, topic, "big", 1)
     assert body(m) == order("s4", amount=500)
+
+
+def test_journaled_typed_publishes_survive_a_kill_9_with_their_columns(tmp_path: Path) -> None:
+    """Publishes to a typed topic acknowledged from the journal and killed before their topic
+    commit: the decoded rows they carried are gone with the process, and the next start
+    decodes the journal's bodies again into the same columns."""
+    wh = tmp_path / "wh"
+    # Commits wait 10 s: the kill lands while the publishes are only in the journal.
+    server = Server(wh, env={"DELTAQ_DRAIN_LINGER_MS": "10000"}).start()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        r = c.post("/topic/create", params={"topic": "j", "schema": "sku STRING NOT NULL, n INT"})
+        assert r.status_code == 200, r.text
+        lines = [order(f"s{i}", n=i) for i in range(20)]
+        assert c.post("/mpub", params={"topic": "j"}, content=b"\n".join(lines)).text == "OK"
+        assert c.post("/pub", params={"topic": "j"}, content=order("one")).text == "OK"
+    server.kill9()
+    assert DeltaTable(str(wh / "topics" / "j")).to_pyarrow_table().num_rows == 0
+    server = Server(wh).start()
+    try:
+        rows = server.topic_table("j").select(["sku", "n"]).to_pylist()
+        want = [{"sku": f"s{i}", "n": i} for i in range(20)] + [{"sku": "one", "n": None}]
+        assert sorted(rows, key=lambda r: r["sku"]) == sorted(want, key=lambda r: r["sku"])
+    finally:
+        server.stop()
