@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from enum import StrEnum
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from queue_engine.spark import class_archive
 from queue_engine.spark.java import check_java
 from queue_engine.store.storage import StoreError, executor_environment
 
@@ -177,11 +179,12 @@ def _build_session(
             .config("spark.sql.streaming.checkpointFileManagerClass", _CHECKPOINT_MANAGER)
         )
         if local:
-            builder = (
-                builder.config("spark.driver.host", "127.0.0.1")
-                .config("spark.driver.bindAddress", "127.0.0.1")
-                .config("spark.driver.extraJavaOptions", local_java_options())
+            builder = builder.config("spark.driver.host", "127.0.0.1").config(
+                "spark.driver.bindAddress", "127.0.0.1"
             )
+        java_options = f"{local_java_options() if local else ''} {class_archive.java_options()}"
+        if java_options.strip():
+            builder = builder.config("spark.driver.extraJavaOptions", java_options.strip())
     for name, value in executor_environment().items():
         builder = builder.config(f"spark.executorEnv.{name}", value)
     for key, value in s3a_options(os.environ).items():
@@ -229,7 +232,18 @@ def _start(
             .config("spark.connect.grpc.binding.address", "127.0.0.1")
             .config("spark.connect.grpc.binding.port", str(connect_port))
         )
-    spark = _with_jvm_stderr_to_file(builder) if quiet else builder.getOrCreate()
+    started = time.time()
+    try:
+        spark = _with_jvm_stderr_to_file(builder) if quiet else builder.getOrCreate()
+    except Exception:
+        options = builder._options.get("spark.driver.extraJavaOptions", "")
+        if _gateway_running() or not class_archive.crashed_since(options, started - 1):
+            raise
+        # A JVM that cannot map its class archive (damaged on disk) crashes as it starts:
+        # without the archive it starts, and the next session builds a new one.
+        log.warning("Spark did not start with its class archive; starting without it")
+        builder = builder.config("spark.driver.extraJavaOptions", class_archive.drop(options))
+        spark = _with_jvm_stderr_to_file(builder) if quiet else builder.getOrCreate()
     if wanted and jars is None and not _inside_spark_submit():
         _remember_jars(wanted, spark.sparkContext.getConf().get("spark.jars", ""))
     return spark
