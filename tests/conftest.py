@@ -235,13 +235,17 @@ def client(shared_server: Server) -> Iterator[httpx.Client]:
         yield c
 
 
-# The files that take longest in all (2-4 minutes each on 2 cores), longest first.
+# The files that take longest in all (1.5-5 minutes each on 2 cores), longest first.
 LONGEST_FILES = [
-    "test_object_store.py",
-    "test_up.py",
     "test_spark_cluster.py",
     "test_delta_engines.py",
-    "test_go_nsq_suite.py",
+    "test_object_store.py",
+    "test_nodes.py",
+    "test_power_cut_up.py",
+    "test_up.py",
+    "test_fanout.py",
+    "test_lifecycle.py",
+    "test_power_cut.py",
 ]
 
 
