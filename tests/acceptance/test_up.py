@@ -57,6 +57,18 @@ def docs_examples(doc: str, sections: list[str]) -> str:
     return "\n".join(blocks)
 
 
+def tables_examples(doc: str) -> tuple[str, str]:
+    """docs/tables.md's shell lines, and its Python blocks followed by its SQL queries run
+    on their session, as one script."""
+    [shell] = re.findall(r"```sh\n(.*?)```", doc, re.S)
+    python = re.findall(r"```python\n(.*?)```", doc, re.S)
+    [sql] = re.findall(r"```sql\n(.*?)```", doc, re.S)
+    queries = [q.strip() for q in sql.split(";") if q.strip()]
+    run = "\n".join(f"spark.sql({q!r}).collect()" for q in queries)
+    script = "\n".join([*python, run, f"print('queries: {len(queries)}')"])
+    return shell, script
+
+
 def _wait_for(
     log_path: Path, pattern: str, seconds: float, process: subprocess.Popen[bytes]
 ) -> str:
@@ -132,6 +144,30 @@ def test_up_runs_the_readme_quick_start_and_stops_on_ctrl_c(tmp_path: Path) -> N
         # The /pubs and the /mpubs answered OK; nothing answered an error ({"message": ...}).
         assert docs_run.stdout.count("OK") == 4, docs_run.stdout
         assert "message" not in docs_run.stdout, docs_run.stdout
+        # docs/tables.md's examples, as written, over the same warehouse: its deltaq sql
+        # lines, then its Python blocks and SQL queries in a fresh interpreter.
+        shell_lines, python = tables_examples((ROOT / "docs" / "tables.md").read_text())
+        shell_lines = shell_lines.replace("deltaq sql ", f"{sys.executable} -m deltaq sql ")
+        out = run_bash(shell_lines, tmp_path, shell_env, 180).stdout
+        assert re.search(r"\|\s*B-2\s*\|\s*12\.5\s*\|", out), out
+        assert "A-1" not in out  # no placed_at: not in the sum since November
+        assert re.search(r"\|\s*eu\s*\|\s*1\s*\|", out), out
+        script = tmp_path / "tables_examples.py"
+        script.write_text(python)
+        done = subprocess.run(
+            [sys.executable, str(script)],
+            cwd=tmp_path,
+            env={**shell_env, "PYSPARK_PYTHON": sys.executable},
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "WRITE" in done.stdout  # DESCRIBE HISTORY of the topic's Delta table
+        assert re.search(r"\|\s*DELIVER\s*\|\s*\d+\s*\|", done.stdout), done.stdout
+        assert re.search(r"\|\s*events\s*\|\s*archive\s*\|", done.stdout), done.stdout
+        assert "queries: 4" in done.stdout, done.stdout
         with httpx.Client(base_url=f"http://{HOST}:{port}", timeout=30) as http:
             [topic] = http.get("/stats", params={"format": "json", "topic": "events"}).json()[
                 "topics"
