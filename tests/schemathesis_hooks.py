@@ -18,10 +18,12 @@ def _positive(case: Any) -> bool:
 def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
     query = case.query or {}
     if case.path == "/sub":
-        # Long polls are bounded so the run stays short: waits of up to 50 ms are sent as
-        # generated, longer or absent ones (the server's default) as 50 ms.
+        # Long polls are bounded so the run stays short: in a case meant to fit, waits of up
+        # to 50 ms are sent as generated, longer or absent ones (the server's default) as
+        # 50 ms. Cases meant to break the schema are sent as generated: they are answered
+        # at once (a wait out of range or not a number is a 400).
         wait = query.get("wait_ms")
-        if not isinstance(wait, int) or wait > 50:
+        if _positive(case) and (not isinstance(wait, int) or wait > 50):
             case.query = {**query, "wait_ms": 50}
     if case.path == "/mpub" and str(query.get("binary")) in ("true", "1") and _positive(case):
         # JSON Schema cannot state nsqd's binary framing: a case meant to fit the schema gets
@@ -49,8 +51,9 @@ def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
         # generated /pub to a typed topic would be refused) with one schema, which every
         # such case gives again (a change no rows could follow would be refused).
         case.query = {**query, "topic": "typed_by_schema", "schema": "sku STRING"}
-    if case.path == "/channel/replay":
+    if case.path == "/channel/replay" and _positive(case):
         # JSON Schema cannot state that from <= to and both lie within the topic's versions:
-        # replay the whole topic (a few messages here).
+        # a case meant to fit replays the whole topic (a few messages here). Cases meant to
+        # break it are sent as generated (400 INVALID_RANGE and the like).
         query = {k: v for k, v in query.items() if k != "to"}
         case.query = {**query, "from": 0}

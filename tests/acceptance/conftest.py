@@ -3,10 +3,8 @@ own ``server`` fixture, with the settings it needs)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
 
 import httpx
 import pytest
@@ -17,19 +15,10 @@ from queue_engine.spark.fanout_loop import FanoutLoop
 from queue_engine.spark.fanout_stream import start_fanout
 from queue_engine.store.tables import Warehouse
 from tests import power_cut
-from tests.conftest import Server
+from tests.conftest import Server, unavailable
 
 # The bucket the object-storage tests keep their warehouses in (each under its own prefix).
 BUCKET = "deltaq-tests"
-
-
-def unavailable(reason: str) -> NoReturn:
-    """A test cannot run for want of something .ci/run installs (chromium, the test extras):
-    it skips, saying ``reason``, except under CI (``DELTAQ_CI``, which .ci/run sets), where
-    it fails: there the thing was to be installed, and a skip would hide that it was not."""
-    if os.environ.get("DELTAQ_CI"):
-        pytest.fail(f"{reason}; .ci/run installs it, so under CI this fails", pytrace=False)
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")

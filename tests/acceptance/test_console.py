@@ -14,8 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.acceptance.conftest import unavailable
-from tests.conftest import Server
+from tests.conftest import Server, unavailable
 from tests.consumers import answer, create_channel, sub
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, unavailable
 from tests.nsq_wire import tool
 
 pytestmark = pytest.mark.slow
@@ -65,7 +65,7 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=tmp_path_factory.mktemp("gomod"),
     )
     if found.returncode != 0:
-        pytest.skip(f"{GO_NSQ} could not be fetched from the Go module proxy: {found.stderr}")
+        unavailable(f"{GO_NSQ} could not be fetched from the Go module proxy: {found.stderr}")
     source = tmp_path_factory.mktemp("go-nsq") / "src"
     shutil.copytree(json.loads(found.stdout)["Dir"], source)
     for path in source.rglob("*"):
@@ -83,7 +83,7 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=False,
     )
     if built.returncode != 0 and "proxy" in built.stderr:
-        pytest.skip(f"go-nsq's dependencies could not be fetched: {built.stderr}")
+        unavailable(f"go-nsq's dependencies could not be fetched: {built.stderr}")
     assert built.returncode == 0, built.stderr
     return binary
 

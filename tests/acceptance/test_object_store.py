@@ -43,8 +43,8 @@ from queue_engine.spark.session import hadoop_aws_package
 from queue_engine.store.coordination import JobLock
 from queue_engine.store.storage import read_whole
 from queue_engine.store.tables import Warehouse
-from tests.acceptance.conftest import BUCKET, unavailable
-from tests.conftest import ROOT, Server, run_deltaq
+from tests.acceptance.conftest import BUCKET
+from tests.conftest import ROOT, Server, run_deltaq, unavailable
 from tests.consumers import answer, body, channel_stats, create_channel, sub
 
 pytestmark = pytest.mark.slow
@@ -285,7 +285,7 @@ def test_the_fanout_checkpoint_lives_in_the_store_through_s3a(
             first = publish(c, "t", 5, "first")
             done = site.run(*args)
             if done.returncode != 0 and "UNRESOLVED DEPENDENC" in done.stderr:
-                pytest.skip(f"{hadoop_aws_package()} could not be fetched from Maven Central")
+                unavailable(f"{hadoop_aws_package()} could not be fetched from Maven Central")
             assert done.returncode == 0, done.stderr[-3000:]
             second = publish(c, "t", 5, "second")
         done = site.run(*args)

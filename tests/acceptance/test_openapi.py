@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ROOT, Server
+from tests.conftest import ROOT, Server, unavailable
 
 CHECKS = ",".join(
     [
@@ -39,7 +39,7 @@ def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def test_api_matches_its_schema(api_server: Server, tmp_path: Path) -> None:
     binary = shutil.which("schemathesis", path=str(Path(sys.executable).parent))
     if binary is None:
-        pytest.skip("schemathesis is not installed (pip install -e '.[test]')")
+        unavailable("schemathesis is not installed (pip install -e '.[test]')")
     env = {
         **os.environ,
         "SCHEMATHESIS_HOOKS": "tests.schemathesis_hooks",

@@ -12,7 +12,7 @@ from pyspark.sql import SparkSession
 
 from queue_engine.spark.session import Engine, delta_spark_package, engine
 from queue_engine.spark.views import register_views
-from tests.conftest import Server
+from tests.conftest import Server, unavailable
 
 
 def test_a_relative_warehouse_enters_its_tables_by_their_own_location(
@@ -22,7 +22,7 @@ def test_a_relative_warehouse_enters_its_tables_by_their_own_location(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     if engine(spark) is not Engine.DELTA_SPARK:
-        pytest.skip(f"delta-spark's jars ({delta_spark_package()}) could not be fetched or found")
+        unavailable(f"delta-spark's jars ({delta_spark_package()}) could not be fetched or found")
     server = server_factory(tmp_path / "deltaq-data").start()
     try:
         with httpx.Client(base_url=server.url, timeout=30) as http:
