@@ -18,12 +18,15 @@ def _positive(case: Any) -> bool:
 def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
     query = case.query or {}
     if case.path == "/sub":
-        # Long polls are bounded so the run stays short: in a case meant to fit, waits of up
-        # to 50 ms are sent as generated, longer or absent ones (the server's default) as
-        # 50 ms. Cases meant to break the schema are sent as generated: they are answered
-        # at once (a wait out of range or not a number is a 400).
+        # Long polls are bounded so the run stays short: waits of up to 50 ms are sent as
+        # generated, longer or absent ones (the server's default) as 50 ms. A wait that is
+        # not a whole number, negative or past the 60 s maximum is sent as generated (a 400).
         wait = query.get("wait_ms")
-        if _positive(case) and (not isinstance(wait, int) or wait > 50):
+        try:
+            ms = int(str(wait)) if wait is not None else None
+        except ValueError:
+            ms = -1
+        if ms is None or 50 < ms <= 60_000:
             case.query = {**query, "wait_ms": 50}
     if case.path == "/mpub" and str(query.get("binary")) in ("true", "1") and _positive(case):
         # JSON Schema cannot state nsqd's binary framing: a case meant to fit the schema gets
