@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import sqlglot
 from sqlglot import exp
-from sqlglot.errors import ParseError
+from sqlglot.errors import SqlglotError
 
 from queue_engine.errors import ErrorCode, QueueError
 
@@ -105,8 +105,9 @@ def compile_filter(text: str, fields: Fields = ()) -> ChannelFilter:
         tree = sqlglot.parse_one(text, read="spark")
     except RecursionError as exc:
         raise QueueError(ErrorCode.INVALID_FILTER, "nested too deeply") from exc
-    except ParseError as exc:
-        first = exc.errors[0]["description"] if exc.errors else str(exc)
+    except SqlglotError as exc:
+        errors = getattr(exc, "errors", None)
+        first = errors[0]["description"] if errors else str(exc)
         raise QueueError(ErrorCode.INVALID_FILTER, f"not Spark SQL: {first}") from exc
     try:
         token = _FIELDS.set({name: _FIELD_KINDS[kind] for name, kind in fields})

@@ -30,7 +30,7 @@ import orjson
 import pyarrow as pa
 import sqlglot
 from sqlglot import exp
-from sqlglot.errors import ParseError
+from sqlglot.errors import SqlglotError
 
 from queue_engine.errors import ErrorCode, QueueError
 
@@ -326,8 +326,10 @@ def parse_schema(text: str) -> TopicSchema:
         raise QueueError(ErrorCode.INVALID_SCHEMA, f"over {MAX_SCHEMA_CHARS} characters")
     try:
         tree = sqlglot.parse_one(f"CREATE TABLE t ({text})", read="spark")
-    except ParseError as exc:
-        first = exc.errors[0]["description"] if exc.errors else str(exc)
+    except SqlglotError as exc:
+        errors = getattr(exc, "errors", None)
+        first = errors[0]["description"] if errors else str(exc)
+        first = first.replace("CREATE TABLE t (", "", 1)  # the wrapper above is not theirs
         raise QueueError(ErrorCode.INVALID_SCHEMA, f"not Spark DDL: {first}") from exc
     except RecursionError as exc:
         raise QueueError(ErrorCode.INVALID_SCHEMA, "nested too deeply") from exc

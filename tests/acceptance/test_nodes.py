@@ -509,7 +509,7 @@ def test_a_live_node_commits_what_a_killed_nodes_journal_holds(
     """A node killed with acknowledged publishes only in its journal (its topic commits
     linger 5 s): the node that outlives it commits them, once, and removes the journal."""
     warehouse = tmp_path / "wh"
-    survivor = server_factory(warehouse).start()
+    server_factory(warehouse).start()  # the survivor
     journal = warehouse / "_deltaq" / "journal"
     [survivors] = [p.name for p in journal.iterdir()]
     doomed = server_factory(warehouse, env={"DELTAQ_DRAIN_LINGER_MS": "5000"}).start()

@@ -193,6 +193,8 @@ def test_random_filters_keep_the_rows_spark_keeps(spark: SparkSession) -> None:
     [
         ("", "empty"),
         ("id =", "not Spark SQL"),
+        ("body = `x", "not Spark SQL: Error tokenizing"),  # an unclosed quote
+        ("body = 'x", "not Spark SQL: Error tokenizing"),
         ("region = 'eu'", "no column 'region'"),
         ("headers = 'eu'", "headers is a map"),
         ("headers[1] = 'eu'", "a header is named by a string"),

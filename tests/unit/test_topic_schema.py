@@ -202,6 +202,8 @@ def test_the_reason_names_the_field_and_what_it_must_be() -> None:
         ("a INT DEFAULT 1", "field a: 'DEFAULT 1' is not taken"),
         ("a INT) USING delta AS SELECT 1 --", "a list of fields"),
         ("a INT b", "not Spark DDL"),
+        ("`a INT", "not Spark DDL: Error tokenizing '`a INT'"),  # unclosed quote
+        ("a STRING COMMENT 'x", "not Spark DDL: Error tokenizing"),
         ("`a b` INT", "field 'a b': a name is"),
         *[
             (f"{name} STRING", f"field '{name}': the tables' own column")
