@@ -17,7 +17,6 @@ import hashlib
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from enum import StrEnum
 from pathlib import Path
@@ -182,9 +181,11 @@ def _build_session(
             builder = builder.config("spark.driver.host", "127.0.0.1").config(
                 "spark.driver.bindAddress", "127.0.0.1"
             )
-        java_options = f"{local_java_options() if local else ''} {class_archive.java_options()}"
-        if java_options.strip():
-            builder = builder.config("spark.driver.extraJavaOptions", java_options.strip())
+            # A JVM spark-submit started was running before this code.
+            archive = "" if _inside_spark_submit() else class_archive.java_options()
+            builder = builder.config(
+                "spark.driver.extraJavaOptions", f"{local_java_options()} {archive}".strip()
+            )
     for name, value in executor_environment().items():
         builder = builder.config(f"spark.executorEnv.{name}", value)
     for key, value in s3a_options(os.environ).items():
@@ -232,12 +233,11 @@ def _start(
             .config("spark.connect.grpc.binding.address", "127.0.0.1")
             .config("spark.connect.grpc.binding.port", str(connect_port))
         )
-    started = time.time()
     try:
         spark = _with_jvm_stderr_to_file(builder) if quiet else builder.getOrCreate()
     except Exception:
         options = builder._options.get("spark.driver.extraJavaOptions", "")
-        if _gateway_running() or not class_archive.crashed_since(options, started - 1):
+        if _gateway_running() or not class_archive.crashed(options):
             raise
         # A JVM that cannot map its class archive (damaged on disk) crashes as it starts:
         # without the archive it starts, and the next session builds a new one.
