@@ -94,6 +94,13 @@ _INT64 = 1 << 63
 
 
 @functools.lru_cache(maxsize=4096)
+def sqlglot_reason(exc: SqlglotError) -> str:
+    """What sqlglot found wrong: a parse error's first description, or a tokenizer's message
+    (an unclosed quote raises TokenError, which lists no errors)."""
+    errors = getattr(exc, "errors", None)
+    return str(errors[0]["description"]) if errors else str(exc)
+
+
 def compile_filter(text: str, fields: Fields = ()) -> ChannelFilter:
     """``text`` checked and translated, or INVALID_FILTER saying why; ``fields``: the typed
     topic's fields it may name besides the message's own columns."""
@@ -106,9 +113,7 @@ def compile_filter(text: str, fields: Fields = ()) -> ChannelFilter:
     except RecursionError as exc:
         raise QueueError(ErrorCode.INVALID_FILTER, "nested too deeply") from exc
     except SqlglotError as exc:
-        errors = getattr(exc, "errors", None)
-        first = errors[0]["description"] if errors else str(exc)
-        raise QueueError(ErrorCode.INVALID_FILTER, f"not Spark SQL: {first}") from exc
+        raise QueueError(ErrorCode.INVALID_FILTER, f"not Spark SQL: {sqlglot_reason(exc)}") from exc
     try:
         token = _FIELDS.set({name: _FIELD_KINDS[kind] for name, kind in fields})
         try:

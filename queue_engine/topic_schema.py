@@ -32,6 +32,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
+from queue_engine.channel_filter import sqlglot_reason
 from queue_engine.errors import ErrorCode, QueueError
 
 MAX_SCHEMA_CHARS = 16_384
@@ -347,9 +348,8 @@ def parse_schema(text: str) -> TopicSchema:
     try:
         tree = sqlglot.parse_one(f"CREATE TABLE t ({text})", read="spark")
     except SqlglotError as exc:
-        errors = getattr(exc, "errors", None)
-        first = errors[0]["description"] if errors else str(exc)
-        first = first.replace("CREATE TABLE t (", "", 1)  # the wrapper above is not theirs
+        # The wrapper above is not the user's text.
+        first = sqlglot_reason(exc).replace("CREATE TABLE t (", "", 1)
         raise QueueError(ErrorCode.INVALID_SCHEMA, f"not Spark DDL: {first}") from exc
     except RecursionError as exc:
         raise QueueError(ErrorCode.INVALID_SCHEMA, "nested too deeply") from exc

@@ -163,6 +163,7 @@ def _build_session(
         # A local Spark talks to itself only: keep its driver and block manager on loopback.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name)
+    java_options = ""
     if master or not _inside_spark_submit():
         builder = (
             builder.master(master or "local[2]")
@@ -183,9 +184,8 @@ def _build_session(
             )
             # A JVM spark-submit started was running before this code.
             archive = "" if _inside_spark_submit() else class_archive.java_options()
-            builder = builder.config(
-                "spark.driver.extraJavaOptions", f"{local_java_options()} {archive}".strip()
-            )
+            java_options = f"{local_java_options()} {archive}".strip()
+            builder = builder.config("spark.driver.extraJavaOptions", java_options)
     for name, value in executor_environment().items():
         builder = builder.config(f"spark.executorEnv.{name}", value)
     for key, value in s3a_options(os.environ).items():
@@ -205,7 +205,7 @@ def _build_session(
             )
     wanted = _maven_packages(delta_spark, packages)
     with _resolving(wanted) as jars:
-        spark = _start(builder, wanted, jars, connect_port, quiet=quiet)
+        spark = _start(builder, wanted, jars, connect_port, quiet=quiet, java_options=java_options)
     register(spark)
     log.info(
         "Spark %s (%s); Delta engine: %s", spark.version, spark.sparkContext.master, engine(spark)
@@ -220,7 +220,9 @@ def _start(
     connect_port: int | None,
     *,
     quiet: bool,
+    java_options: str,
 ) -> SparkSession:
+    """Start the session; ``java_options``: the driver JVM's, as ``builder`` has them."""
     if wanted and not _inside_spark_submit():
         # spark-submit resolves its --packages itself, before this driver runs.
         if jars is not None:
@@ -236,13 +238,13 @@ def _start(
     try:
         spark = _with_jvm_stderr_to_file(builder) if quiet else builder.getOrCreate()
     except Exception:
-        options = builder._options.get("spark.driver.extraJavaOptions", "")
-        if _gateway_running() or not class_archive.crashed(options):
+        if _gateway_running() or not class_archive.crashed(java_options):
             raise
         # A JVM that cannot map its class archive (damaged on disk) crashes as it starts:
-        # without the archive it starts, and the next session builds a new one.
+        # without the archive it starts (and no new one is built for a while).
         log.warning("Spark did not start with its class archive; starting without it")
-        builder = builder.config("spark.driver.extraJavaOptions", class_archive.drop(options))
+        kept = class_archive.drop(java_options)
+        builder = builder.config("spark.driver.extraJavaOptions", kept)
         spark = _with_jvm_stderr_to_file(builder) if quiet else builder.getOrCreate()
     if wanted and jars is None and not _inside_spark_submit():
         _remember_jars(wanted, spark.sparkContext.getConf().get("spark.jars", ""))
