@@ -356,7 +356,9 @@ def test_journaled_typed_publishes_survive_a_kill_9_with_their_columns(tmp_path:
         assert c.post("/mpub", params={"topic": "j"}, content=b"\n".join(lines)).text == "OK"
         assert c.post("/pub", params={"topic": "j"}, content=order("one")).text == "OK"
     server.kill9()
-    assert DeltaTable(str(wh / "topics" / "j")).to_pyarrow_table().num_rows == 0
+    # At least the /pub is only in the journal: a commit of the /mpub (a loaded machine can
+    # drain it first) is followed by none for 10 s.
+    assert DeltaTable(str(wh / "topics" / "j")).to_pyarrow_table().num_rows in (0, 20)
     server = Server(wh).start()
     try:
         rows = server.topic_table("j").select(["sku", "n"]).to_pylist()
