@@ -54,7 +54,13 @@ def run_every(spark: object, settings: Settings, every_s: float, stop: threading
     while not stop.is_set():
         due = time.monotonic() - retained_at >= settings.retention_interval_s
         try:
-            sweep(spark, wh, maintenance=upkeep, retention=policy if due else None)  # type: ignore[arg-type]
+            sweep(
+                spark,  # type: ignore[arg-type]
+                wh,
+                maintenance=upkeep,  # type: ignore[arg-type]
+                retention=policy if due else None,
+                pace_backlog=True,
+            )
             if due:
                 retained_at = time.monotonic()
         except Exception:

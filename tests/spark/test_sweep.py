@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
 from bench.synthetic import register, write_deliveries, write_messages
-from queue_engine.spark.sweep import LOCAL_FOLD_MAX_ROWS, plan, sweep
+from queue_engine.spark import sweep as sweep_module
+from queue_engine.spark.sweep import BACKLOG_PACE_FACTOR, LOCAL_FOLD_MAX_ROWS, plan, sweep
 from queue_engine.spark.views import register_views
 from queue_engine.state_fold import FINISHED
 from queue_engine.store.tables import LEDGER_SCHEMA, Warehouse, read_meta
@@ -140,6 +141,36 @@ def test_sweep_is_incremental_and_skips_unchanged_channels(
     meta = read_meta(wh.channel_state_path("t", "c"))
     assert meta is not None and meta.finished_timeouts == 0 and meta.topic_version == 4
     assert sum(state["timeouts"].to_pylist()) == 5
+
+
+def test_a_repeating_sweep_refolds_a_growing_backlog_only_as_often_as_its_cost_allows(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pace_backlog``: new messages alone (no ledger event, nothing due) wait for a refold
+    until the channel's last sweep is BACKLOG_PACE_FACTOR times that sweep's duration old, when
+    it took at least BACKLOG_PACE_MIN_S; a ledger event, or a one-shot sweep, folds at once."""
+    wh = Warehouse(str(tmp_path / "wh"))
+    register(wh, "t", "c")
+    write_messages(wh, "t", "c", 40, rows_per_commit=10)
+    assert sweep(spark, wh).live == 40
+    meta = read_meta(wh.channel_state_path("t", "c"))
+    assert meta is not None and meta.sweep_seconds > 0
+    write_messages(wh, "t", "c", 10, first_id=1000, rows_per_commit=10, topic_version=4)
+    soon = meta.swept_at_us + 1
+    later = meta.swept_at_us + int(BACKLOG_PACE_FACTOR * meta.sweep_seconds * 1e6) + 1
+    # A fast sweep (below BACKLOG_PACE_MIN_S) is never paced.
+    assert len(plan(wh, soon, pace_backlog=True)[0]) == 1
+    monkeypatch.setattr(sweep_module, "BACKLOG_PACE_MIN_S", 0.0)
+    assert plan(wh, soon, pace_backlog=True) == ([], 1)
+    assert len(plan(wh, soon)[0]) == 1
+    assert len(plan(wh, later, pace_backlog=True)[0]) == 1
+    paced = sweep(spark, wh, now=soon, pace_backlog=True)
+    assert (paced.channels_swept, paced.channels_skipped) == (0, 1)
+    # A delivery is a ledger event: folded at once, with the new messages.
+    [delivered] = write_messages(wh, "t", "c", 1, first_id=2000, rows_per_commit=1)
+    write_deliveries(wh, "t", "c", [delivered], expired_fraction=0.0, rows_per_commit=1)
+    folded = sweep(spark, wh, now=soon, pace_backlog=True)
+    assert (folded.channels_swept, folded.live) == (1, 51)
 
 
 # ``deltaq sweep`` as a user runs it, but stopped where the sweep calls one function of
