@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import ssl
 import subprocess
 import sys
@@ -130,6 +131,27 @@ def test_to_nsq_then_nsq_tail(server: Server) -> None:
         # so when the messages came in one burst the last few FINs may not have gone out.
         assert finished >= 20, channel["clients"]
         assert sum(c["message_count"] for c in channel["clients"]) == 25
+
+
+def test_the_go_tools_lines_of_the_tcp_docs_run_as_written(server: Server) -> None:
+    """docs/tcp-protocol.md's first shell block, with NSQ's tools on PATH and the server's
+    port for nsqd's default one."""
+    text = (ROOT / "docs" / "tcp-protocol.md").read_text()
+    block = text.split("```sh\n", 1)[1].split("```", 1)[0]
+    assert "to_nsq" in block and "nsq_tail" in block
+    tools = {tool("to_nsq").parent, tool("nsq_tail").parent}
+    path = ":".join([*map(str, tools), os.environ["PATH"]])
+    script = block.replace("127.0.0.1:4150", f"127.0.0.1:{server.tcp_port}")
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        env={**os.environ, "PATH": path},
+        text=True,
+        timeout=120,
+        capture_output=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["one", "two"]
 
 
 def _subscriber(server: Server, topic: str, channel: str, rdy: int, **options: object) -> Wire:
