@@ -88,6 +88,8 @@ LOCAL_FOLD_MAX_ROWS = 20_000
 # show them later.
 BACKLOG_PACE_FACTOR = 6
 BACKLOG_PACE_MIN_S = 2.0
+# However slow that sweep was (or whatever its commit info says), the wait ends by then.
+BACKLOG_PACE_MAX_S = 900.0
 
 
 @dataclass(frozen=True)
@@ -125,11 +127,13 @@ def now_us() -> int:
 
 def _backlog_paced(meta: StateMeta, now: int) -> bool:
     """A channel whose state's sweep was slow and recent: new messages alone wait (see
-    BACKLOG_PACE_FACTOR)."""
-    return (
-        meta.sweep_seconds >= BACKLOG_PACE_MIN_S
-        and now - meta.swept_at_us < BACKLOG_PACE_FACTOR * meta.sweep_seconds * 1_000_000
-    )
+    BACKLOG_PACE_FACTOR). ``sweep_seconds`` is how long that sweep's run had taken when it
+    committed this channel (its planning and its one fold of every channel included)."""
+    if not BACKLOG_PACE_MIN_S <= meta.sweep_seconds < float("inf"):
+        return False
+    wait_s = min(BACKLOG_PACE_FACTOR * meta.sweep_seconds, BACKLOG_PACE_MAX_S)
+    # A state stamped ahead of this clock (another host's) paces nothing.
+    return 0 <= now - meta.swept_at_us < wait_s * 1_000_000
 
 
 def plan(

@@ -157,13 +157,18 @@ def test_a_repeating_sweep_refolds_a_growing_backlog_only_as_often_as_its_cost_a
     assert meta is not None and meta.sweep_seconds > 0
     write_messages(wh, "t", "c", 10, first_id=1000, rows_per_commit=10, topic_version=4)
     soon = meta.swept_at_us + 1
-    later = meta.swept_at_us + int(BACKLOG_PACE_FACTOR * meta.sweep_seconds * 1e6) + 1
+    waited = BACKLOG_PACE_FACTOR * meta.sweep_seconds * 1e6
+    almost, later = meta.swept_at_us + int(waited * 5 / 6), meta.swept_at_us + int(waited) + 1
     # A fast sweep (below BACKLOG_PACE_MIN_S) is never paced.
+    monkeypatch.setattr(sweep_module, "BACKLOG_PACE_MIN_S", meta.sweep_seconds + 0.001)
     assert len(plan(wh, soon, pace_backlog=True)[0]) == 1
     monkeypatch.setattr(sweep_module, "BACKLOG_PACE_MIN_S", 0.0)
     assert plan(wh, soon, pace_backlog=True) == ([], 1)
+    assert plan(wh, almost, pace_backlog=True) == ([], 1)
     assert len(plan(wh, soon)[0]) == 1
     assert len(plan(wh, later, pace_backlog=True)[0]) == 1
+    # A state stamped ahead of the sweep's clock paces nothing.
+    assert len(plan(wh, meta.swept_at_us - 1, pace_backlog=True)[0]) == 1
     paced = sweep(spark, wh, now=soon, pace_backlog=True)
     assert (paced.channels_swept, paced.channels_skipped) == (0, 1)
     # A delivery is a ledger event: folded at once, with the new messages.
