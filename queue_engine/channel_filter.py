@@ -93,7 +93,6 @@ Fields = tuple[tuple[str, str], ...]
 _INT64 = 1 << 63
 
 
-@functools.lru_cache(maxsize=4096)
 def sqlglot_reason(exc: SqlglotError) -> str:
     """What sqlglot found wrong: a parse error's first description, or a tokenizer's message
     (an unclosed quote raises TokenError, which lists no errors)."""
@@ -101,6 +100,8 @@ def sqlglot_reason(exc: SqlglotError) -> str:
     return str(errors[0]["description"]) if errors else str(exc)
 
 
+# The fanout compiles each filtered channel's filter for every batch: parsed once.
+@functools.lru_cache(maxsize=4096)
 def compile_filter(text: str, fields: Fields = ()) -> ChannelFilter:
     """``text`` checked and translated, or INVALID_FILTER saying why; ``fields``: the typed
     topic's fields it may name besides the message's own columns."""

@@ -218,3 +218,12 @@ def test_a_filter_spark_would_read_otherwise_or_not_at_all_is_refused(
     with pytest.raises(QueueError) as refused:
         compile_filter(text)
     assert reason in refused.value.detail
+
+
+def test_a_filter_is_parsed_once_however_many_batches_apply_it() -> None:
+    """The fanout compiles a filtered channel's filter for each batch: the same text and
+    fields give the same compiled filter, not a new parse."""
+    fields = (("region", "STRING"),)
+    first = compile_filter("region = 'eu'", fields)
+    assert compile_filter("region = 'eu'", fields) is first
+    assert compile_filter("region = 'us'", fields) is not first
