@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from types import FrameType
+from typing import TYPE_CHECKING
 
 if __name__ == "__main__":
     sys.path.insert(0, __file__.rsplit("/jobs/", 1)[0])
@@ -26,6 +27,11 @@ from jobs.command import (
     standalone_main,
 )
 from queue_engine.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from queue_engine.store.upkeep import Maintenance
 
 HELP = "fold ledgers into the state tables, time out ended leases, keep tables small"
 log = logging.getLogger("deltaq.sweep")
@@ -39,7 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master", help="Spark master (default local[2], or spark-submit's)")
 
 
-def run_every(spark: object, settings: Settings, every_s: float, stop: threading.Event) -> None:
+def run_every(
+    spark: SparkSession, settings: Settings, every_s: float, stop: threading.Event
+) -> None:
     """Sweep, then wait ``every_s`` (or until ``stop``), until ``stop`` is set. A failed sweep
     is logged and retried at the next interval: it leaves nothing half-written."""
     from queue_engine.spark.sweep import sweep
@@ -55,9 +63,9 @@ def run_every(spark: object, settings: Settings, every_s: float, stop: threading
         due = time.monotonic() - retained_at >= settings.retention_interval_s
         try:
             sweep(
-                spark,  # type: ignore[arg-type]
+                spark,
                 wh,
-                maintenance=upkeep,  # type: ignore[arg-type]
+                maintenance=upkeep,
                 retention=policy if due else None,
                 pace_backlog=True,
             )
@@ -70,7 +78,7 @@ def run_every(spark: object, settings: Settings, every_s: float, stop: threading
         stop.wait(every_s)
 
 
-def maintenance(settings: Settings) -> object:
+def maintenance(settings: Settings) -> Maintenance:
     """Table upkeep by the settings' policy, kept across sweeps."""
     from queue_engine.store.upkeep import Maintenance, MaintenancePolicy
 
@@ -103,7 +111,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 session,
                 warehouse,
                 force=args.force,
-                maintenance=maintenance(settings),  # type: ignore[arg-type]
+                maintenance=maintenance(settings),
                 progress=progress,
                 retention=RetentionPolicy.from_settings(settings),
             )
