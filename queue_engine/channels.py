@@ -328,7 +328,7 @@ class Channels:
             info = nr.registry.existing_topic(topic)
             # Publishes acknowledged before this call (journaled, not yet committed) are in
             # the topic before the channel's start: a channel gets what is published after it.
-            writer.wait_settled()
+            self._topics.settle(writer)
             with writer.exclusive():
                 version = writer.stats().version
                 if shared:

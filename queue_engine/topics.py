@@ -329,6 +329,14 @@ class Topics:
 
     # -- the node journal -------------------------------------------------------------------
 
+    def settle(self, writer: TopicWriter) -> None:
+        """Wait until every publish acknowledged before this call is committed to its table
+        (blocking). A journaled publish is answered before the journal's thread hands it to
+        its writer, so the hand-off is waited for first."""
+        if self.journal is not None:
+            self.journal.wait_handed_on()
+        writer.wait_settled()
+
     def _journaled(self, name: str, writer: TopicWriter) -> None:
         """Once the journal runs: the writer's commits record the journal's app transaction,
         and linger (its publishes are durable before they reach it)."""
@@ -479,7 +487,7 @@ class Topics:
             nr.registry.existing_topic(name)
             writer = await self.writer(name)
             # What was acknowledged before the empty (journaled, not committed yet) goes too.
-            await asyncio.to_thread(writer.wait_settled)
+            await asyncio.to_thread(self.settle, writer)
             stats = writer.stats()
             version = stats.version
             if shared:

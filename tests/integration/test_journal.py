@@ -91,6 +91,32 @@ def test_a_torn_tail_is_reported_and_everything_before_it_recovered(tmp_path: Pa
     assert len(recovered.torn) == 1 and f"checksum at byte {written}" in recovered.torn[0]
 
 
+def test_waiting_for_the_hand_off_covers_publishes_answered_before_it(tmp_path: Path) -> None:
+    """A publish is answered before the journal's thread hands it to its topic's writer: an
+    admin change that follows the answer (topic/empty, channel/create) waits for the hand-off
+    of everything appended before it, and for nothing appended after."""
+    answered = threading.Event()
+    release = threading.Event()
+    handed: list[int] = []
+
+    def durable(records: list[Record], tokens: list[Any], error: BaseException | None) -> None:
+        answered.set()  # the publisher has its answer here
+        assert release.wait(10)
+        handed.extend(tokens)
+
+    journal = Journal(str(tmp_path), "tok", durable)
+    try:
+        assert journal.wait_handed_on(0.01)  # nothing appended yet
+        journal.append("t", [b"a"], 1_000, None, None, 0)
+        assert answered.wait(10)
+        assert not journal.wait_handed_on(0.2) and handed == []
+        release.set()
+        assert journal.wait_handed_on(10) and handed == [0]
+    finally:
+        release.set()
+        journal.close()
+
+
 def test_a_drain_run_again_after_a_crash_adds_no_row_twice(tmp_path: Path) -> None:
     """A crash between a topic commit and the journal's truncation: the next drain of the same
     journal skips what the topic's commits already carry (the journal's app transaction)."""

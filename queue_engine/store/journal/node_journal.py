@@ -149,6 +149,10 @@ class Journal:
         self._cond = threading.Condition()
         self._pending: list[tuple[Record, bytes, Any]] = []
         self._position = 0
+        # The newest position whose write has been handed on (on_durable returned); its own
+        # condition, so that append's notify() always wakes the journal's thread.
+        self._handed_on = 0
+        self._handoff = threading.Condition()
         self._closed = False
         self._writing = False
         # Positions written but not yet in their topic's table (a heap, and what left it).
@@ -217,6 +221,16 @@ class Journal:
         """These positions are in their topics' tables (or their topic is gone)."""
         with self._cond:
             self._drained.update(positions)
+
+    def wait_handed_on(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every publish appended before this call has been handed on through
+        ``on_durable`` (acknowledged or failed); False on timeout. Its answer
+        goes out before its hand-off, so an admin change that follows an acknowledged
+        publish waits here before it asks the topic's writer what it holds. Blocking."""
+        with self._cond:
+            target = self._position
+        with self._handoff:
+            return self._handoff.wait_for(lambda: self._handed_on >= target, timeout_s)
 
     @property
     def undrained(self) -> int:
@@ -322,6 +336,9 @@ class Journal:
             self._on_durable(records, write.tokens, error)
         except Exception:
             log.exception("handing %d journaled publishes on failed", len(records))
+        with self._handoff:
+            self._handed_on = records[-1].position
+            self._handoff.notify_all()
         self._truncate()
 
     def _put(self, records: list[Record], data: bytes) -> None:
