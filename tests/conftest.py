@@ -166,6 +166,23 @@ def run_deltaq(
     )
 
 
+def run_bash(
+    script: str, cwd: Path, env: dict[str, str], timeout_s: float
+) -> subprocess.CompletedProcess[str]:
+    """``script`` as a user's shell runs it, stopping at its first failing command."""
+    shell = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=cwd,
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    assert shell.returncode == 0, shell.stdout + shell.stderr
+    return shell
+
+
 def read_topic(warehouse: Path, topic: str) -> pa.Table:
     return DeltaTable(str(warehouse / "topics" / topic.replace("#", "@"))).to_pyarrow_table()
 

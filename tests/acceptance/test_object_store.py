@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -44,7 +45,7 @@ from queue_engine.store.coordination import JobLock
 from queue_engine.store.storage import read_whole
 from queue_engine.store.tables import Warehouse
 from tests.acceptance.conftest import BUCKET
-from tests.conftest import ROOT, Server, run_deltaq, unavailable
+from tests.conftest import ROOT, Server, run_bash, run_deltaq, unavailable
 from tests.consumers import answer, body, channel_stats, create_channel, sub
 
 pytestmark = pytest.mark.slow
@@ -172,6 +173,36 @@ def test_publish_fanout_exactly_once_leases_sweep_and_sql(site: Site) -> None:
     )
     assert answer_rows.returncode == 0, answer_rows.stderr[-3000:]
     assert "|orders|billing|46|" in answer_rows.stdout.replace(" ", "")
+
+
+def test_deploy_mds_recipe_on_moto_runs_as_written(tmp_path: Path) -> None:
+    """docs/deploy.md's "To try it on one machine", pasted into a shell: moto's server, a
+    bucket, ``deltaq api`` on it, a publish, the fanout and SQL. Only the ports differ (free
+    ones, for moto's server and the API)."""
+    if moto_server_command() is None:
+        unavailable("moto's S3 server is not installed (pip install 'moto[server]')")
+    doc = (ROOT / "docs" / "deploy.md").read_text()
+    [recipe] = re.findall(r"```sh\n(\.venv/bin/pip install 'moto.*?)```", doc, re.S)
+    moto, api, tcp = free_port(), free_port(), free_port()
+    script = (
+        recipe.replace(":5000", f":{moto}")
+        .replace("-p 5000", f"-p {moto}")
+        .replace("127.0.0.1:4151", f"127.0.0.1:{api}")
+        .replace(".venv/bin/", f"{Path(sys.executable).parent}/")
+    )
+    assert str(moto) in script and str(api) in script, script
+    config = tmp_path / "deltaq.toml"
+    config.write_text(f"port = {api}\ntcp_port = {tcp}\n")
+    # The recipe's own AWS_ exports only.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env |= {"DELTAQ_CONFIG": str(config), "PYTHONPATH": str(ROOT)}
+    # moto's server and the API run in the background, as the recipe starts them: stopped
+    # when the script ends, however it ends.
+    stop = "trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT\n"
+    out = run_bash(stop + script, tmp_path, env, 240).stdout
+    assert "OK" in out  # the publish's answer
+    [row] = [line for line in out.splitlines() if "|orders|" in line.replace(" ", "")]
+    assert "|1|" in row.replace(" ", ""), out  # message_count: the one published
 
 
 # On local disk the same is proved by test_up, test_sweep_e2e and test_durability: here

@@ -16,7 +16,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import HOST, ROOT, free_port
+from tests.conftest import HOST, ROOT, free_port, run_bash
 
 # A line deltaq's logging writes: "2026-11-25 08:46:41,051 INFO deltaq.up: ...".
 DELTAQ_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING|ERROR) [\w.]+: ")
@@ -28,23 +28,6 @@ def quick_start(readme: str) -> str:
     blocks = re.findall(r"```sh\n(.*?)```", section, re.S)
     assert len(blocks) == 2, "the quick start and its typed topic, headers and filters"
     return "\n".join(blocks)
-
-
-def run_bash(
-    script: str, cwd: Path, env: dict[str, str], timeout_s: float
-) -> subprocess.CompletedProcess[str]:
-    """``script`` as a user's shell runs it, stopping at its first failing command."""
-    shell = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script],
-        cwd=cwd,
-        env=env,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
-    assert shell.returncode == 0, shell.stdout + shell.stderr
-    return shell
 
 
 def docs_examples(doc: str, sections: list[str]) -> str:
