@@ -19,6 +19,7 @@ end; a field keeps its name and type, and NOT NULL may be dropped but never adde
 from __future__ import annotations
 
 import functools
+import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -142,6 +143,11 @@ class TopicSchema:
         body = msgspec.defstruct("Body", fields, rename=rename, kw_only=True, gc=False)
         return msgspec.json.Decoder(body)
 
+    @functools.cached_property
+    def _getters(self) -> tuple[operator.attrgetter[Any], ...]:
+        """Each field's value of a decoded row (attributes ``f0``, ``f1``, ...)."""
+        return tuple(operator.attrgetter(f"f{i}") for i in range(len(self.fields)))
+
     def rows(self, bodies: Sequence[bytes]) -> list[Any]:
         """``bodies`` decoded, which must fit (INVALID_BODY names the first that does not:
         its line, counted from 1 where there are several, its field and why): what ``arrays``
@@ -179,8 +185,11 @@ class TopicSchema:
 
     def _decode(self, bodies: Sequence[bytes]) -> list[Any]:
         decode = self._decoder.decode
-        rows: list[Any] = []
-        for line, body in enumerate(bodies, 1):
+        try:
+            rows = list(map(decode, bodies))  # the loop in C; a refusal is located below
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+            rows = []
+        for line, body in enumerate(bodies[len(rows) :], len(rows) + 1):
             try:
                 rows.append(decode(body))
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -191,12 +200,15 @@ class TopicSchema:
                 raise _refused(line, len(bodies), "not JSON (nested too deeply)") from exc
         # What msgspec takes and a column cannot hold: an instant before year 1 or after 9999
         # once in UTC (0001-01-01T00:00:00+01:00).
-        for i, field in enumerate(self.fields):
+        for field, get in zip(self.fields, self._getters, strict=True):
             if field.type.ddl == "TIMESTAMP":
-                name = f"f{i}"
-                for line, row in enumerate(rows, 1):
-                    value = getattr(row, name)
-                    if value is not None and value.year in (1, 9999) and _outside(field, value):
+                values = list(map(get, rows))
+                # The years gathered in C first: a row is looked at only in a batch that has
+                # an instant in year 1 or 9999.
+                if _EDGE_YEARS.isdisjoint(map(_year, filter(None, values))):
+                    continue
+                for line, value in enumerate(values, 1):
+                    if value is not None and value.year in _EDGE_YEARS and _outside(field, value):
                         reason = f"field {field.name}: out of range"
                         raise _refused(line, len(bodies), reason)
         return rows
@@ -205,10 +217,11 @@ class TopicSchema:
         """The fields of decoded rows, one Arrow column each."""
         if not rows:
             return [pa.array([], f.type.arrow) for f in self.fields]
-        # Rows to columns in C (a getattr per value cost ~10x as much).
-        values = list(zip(*map(msgspec.structs.astuple, rows), strict=True))
+        # A column's values gathered in C: map() of an attrgetter over the rows (~50 ns a
+        # row a field; astuple then zip(*rows) cost ~1.1 us a row, a getattr loop more).
         out = []
-        for field, column in zip(self.fields, values, strict=True):
+        for field, get in zip(self.fields, self._getters, strict=True):
+            column = list(map(get, rows))
             try:
                 if field.type.ddl == "TIMESTAMP":
                     out.append(_instants(column, field.type.arrow))
@@ -252,6 +265,10 @@ class TopicSchema:
     def _lenient(self) -> TopicSchema:
         """The same fields, none NOT NULL: what a fitting part is decoded with."""
         return TopicSchema(tuple(SchemaField(f.name, f.type) for f in self.fields))
+
+
+_EDGE_YEARS = frozenset({1, 9999})
+_year = operator.attrgetter("year")
 
 
 class _Unfit(Exception):
