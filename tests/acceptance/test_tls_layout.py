@@ -5,19 +5,18 @@ recipe: NSQ's own tools over TCP with TLS, curl over HTTP and HTTPS."""
 
 from __future__ import annotations
 
+import os
+import re
 import ssl
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import trustme
-from pyspark.sql import SparkSession
 
-from queue_engine.spark.fanout_stream import start_fanout
+from queue_engine.spark.fanout_loop import FanoutLoop
 from queue_engine.store.tables import Warehouse
-from tests.conftest import HOST, Server, free_port
+from tests.conftest import HOST, ROOT, Server, free_port, run_bash
 from tests.nsq_wire import Nsqd, Wire, sized, tool
 
 pytestmark = pytest.mark.slow
@@ -101,69 +100,37 @@ def test_tls_answers_match_nsqd(
         nsqd.stop()
 
 
-@pytest.fixture
-def fanout_for(spark: SparkSession) -> Iterator[list[object]]:
-    queries: list[object] = []
-    yield queries
-    for query in queries:
-        query.stop()  # type: ignore[attr-defined]
-
-
-def test_the_operations_recipe_nsq_tools_over_tls_and_curl(
-    certs: dict[str, Path],
-    server_factory: type[Server],
-    tmp_path: Path,
-    spark: SparkSession,
-    fanout_for: list[object],
+def test_the_operations_recipe_runs_as_written(
+    server_factory: type[Server], tmp_path: Path
 ) -> None:
-    env = {"DELTAQ_TLS_CERT": str(certs["cert"]), "DELTAQ_TLS_KEY": str(certs["key"])}
+    """docs/operations.md's TLS recipe pasted into a shell: its openssl certificate, curl over
+    HTTP and HTTPS, NSQ's to_nsq and nsq_tail over TLS. Its ``deltaq up`` line is the one not
+    pasted: the test's API takes the certificate and key the recipe made, with the fanout
+    ``deltaq up`` runs (the loop), on free ports."""
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    [recipe] = re.findall(r"```sh\n(openssl req .*?)```", doc, re.S)
+    lines = recipe.splitlines()
+    [up] = [i for i, line in enumerate(lines) if "deltaq up" in line]
+    assert lines[up] == ".venv/bin/deltaq up --tls-cert cert.pem --tls-key key.pem &"
+    run_bash("\n".join(lines[:up]), tmp_path, dict(os.environ), 60)
+    env = {
+        "DELTAQ_TLS_CERT": str(tmp_path / "cert.pem"),
+        "DELTAQ_TLS_KEY": str(tmp_path / "key.pem"),
+    }
     server = server_factory(tmp_path / "wh", env=env).start()
-    fanout_for.append(start_fanout(spark, Warehouse(str(tmp_path / "wh")), once=False))
-    curl = ["curl", "-s", "--cacert", str(certs["ca"])]
-    http = subprocess.run(
-        [*curl, "-d", "over http", f"{server.http_url}/pub?topic=secure"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    https = subprocess.run(
-        [*curl, "-d", "over https", f"{server.https_url}/pub?topic=secure"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert (http.stdout, https.stdout) == ("OK", "OK")
-    address = f"--nsqd-tcp-address={HOST}:{server.tcp_port}"
-    published = subprocess.run(
-        [
-            str(tool("to_nsq")),
-            address,
-            "--topic=secure",
-            "--producer-opt=tls_v1,true",
-            f"--producer-opt=tls_root_ca_file,{certs['ca']}",
-        ],
-        input="over tcp and tls\n",
-        text=True,
-        check=False,
-        timeout=60,
-        capture_output=True,
-    )
-    assert published.returncode == 0, published.stderr
-    tail = subprocess.run(
-        [
-            str(tool("nsq_tail")),
-            address,
-            "--topic=secure",
-            "--channel=tail",
-            "-n",
-            "3",
-            "--consumer-opt=tls_v1,true",
-            f"--consumer-opt=tls_root_ca_file,{certs['ca']}",
-        ],
-        text=True,
-        timeout=60,
-        capture_output=True,
-        check=False,
-    )
-    assert tail.returncode == 0, tail.stderr
-    assert sorted(tail.stdout.splitlines()) == ["over http", "over https", "over tcp and tls"]
+    loop = FanoutLoop(Warehouse(str(tmp_path / "wh")), once=False).start()
+    try:
+        script = (
+            "\n".join(lines[up + 1 :])
+            .replace("127.0.0.1:4151", f"{HOST}:{server.port}")
+            .replace("127.0.0.1:4152", f"{HOST}:{server.https_port}")
+            .replace("127.0.0.1:4150", f"{HOST}:{server.tcp_port}")
+        )
+        tools = {tool("to_nsq").parent, tool("nsq_tail").parent}
+        path = ":".join([*map(str, tools), os.environ["PATH"]])
+        out = run_bash(script, tmp_path, {**os.environ, "PATH": path}, 120).stdout
+    finally:
+        loop.stop()
+    # The two curls' answers, then what nsq_tail received over TLS.
+    assert out.startswith("OKOK"), out
+    assert sorted(out[4:].splitlines()) == ["over http", "over https", "over tcp and tls"]
