@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import ssl
 import subprocess
 import sys
@@ -152,6 +153,26 @@ def test_the_go_tools_lines_of_the_tcp_docs_run_as_written(server: Server) -> No
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == ["one", "two"]
+
+
+@pytest.mark.timeout(120)  # the program's first line, or the test fails here
+def test_the_pynsq_block_of_the_tcp_docs_runs_as_written(server: Server) -> None:
+    """docs/tcp-protocol.md's pynsq program, with the server's port for nsqd's default one:
+    it receives the messages it publishes (it runs until stopped, as a consumer does)."""
+    text = (ROOT / "docs" / "tcp-protocol.md").read_text()
+    [program] = re.findall(r"```python\n(# pynsq.*?)```", text, re.S)
+    script = program.replace("127.0.0.1:4150", f"127.0.0.1:{server.tcp_port}")
+    with subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    ) as reader:
+        try:
+            assert reader.stdout is not None
+            assert reader.stdout.readline() == "hello\n"  # blocks until the first one
+        finally:
+            reader.kill()
 
 
 def _subscriber(server: Server, topic: str, channel: str, rdy: int, **options: object) -> Wire:
