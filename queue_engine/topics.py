@@ -333,9 +333,12 @@ class Topics:
         """Wait until every publish acknowledged before this call is committed to its table
         (blocking). A journaled publish is answered before the journal's thread hands it to
         its writer, so the hand-off is waited for first."""
-        if self.journal is not None:
-            self.journal.wait_handed_on()
-        writer.wait_settled()
+        if self.journal is not None and not self.journal.wait_handed_on():
+            log.warning("the journal has not handed its publishes on in 30 s; going on")
+        if not writer.wait_settled():
+            log.warning(
+                "%s: its acknowledged publishes are not committed after 30 s; going on", writer.path
+            )
 
     def _journaled(self, name: str, writer: TopicWriter) -> None:
         """Once the journal runs: the writer's commits record the journal's app transaction,

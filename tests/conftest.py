@@ -169,18 +169,26 @@ def run_deltaq(
 def run_bash(
     script: str, cwd: Path, env: dict[str, str], timeout_s: float
 ) -> subprocess.CompletedProcess[str]:
-    """``script`` as a user's shell runs it, stopping at its first failing command."""
-    shell = subprocess.run(
+    """``script`` as a user's shell runs it, stopping at its first failing command. In a
+    session of its own: past ``timeout_s`` the shell and whatever it started in the background
+    are killed together (killing bash alone would skip its EXIT trap and leave them running)."""
+    with subprocess.Popen(
         ["bash", "-euo", "pipefail", "-c", script],
         cwd=cwd,
         env=env,
-        check=False,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout_s,
-    )
-    assert shell.returncode == 0, shell.stdout + shell.stderr
-    return shell
+        start_new_session=True,
+    ) as shell:
+        try:
+            out, err = shell.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(shell.pid, signal.SIGKILL)
+            out, err = shell.communicate()
+            raise AssertionError(f"timed out after {timeout_s} s:\n{out}{err}") from None
+    assert shell.returncode == 0, out + err
+    return subprocess.CompletedProcess(shell.args, shell.returncode, out, err)
 
 
 def read_topic(warehouse: Path, topic: str) -> pa.Table:

@@ -175,6 +175,7 @@ def test_publish_fanout_exactly_once_leases_sweep_and_sql(site: Site) -> None:
     assert "|orders|billing|46|" in answer_rows.stdout.replace(" ", "")
 
 
+@pytest.mark.timeout(420)  # moto, the API and two Spark starts on a busy machine
 def test_deploy_mds_recipe_on_moto_runs_as_written(tmp_path: Path) -> None:
     """docs/deploy.md's "To try it on one machine", pasted into a shell: moto's server, a
     bucket, ``deltaq api`` on it, a publish, the fanout and SQL. Only the ports differ (free
@@ -195,12 +196,21 @@ def test_deploy_mds_recipe_on_moto_runs_as_written(tmp_path: Path) -> None:
     config.write_text(f"port = {api}\ntcp_port = {tcp}\n")
     # The recipe's own AWS_ exports only.
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env |= {"DELTAQ_CONFIG": str(config), "PYTHONPATH": str(ROOT)}
+    # The recipe's pip finds its packages installed: it reaches no index.
+    env |= {
+        "DELTAQ_CONFIG": str(config),
+        "PYTHONPATH": str(ROOT),
+        "PIP_NO_INDEX": "1",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
     # moto's server and the API run in the background, as the recipe starts them: stopped
-    # when the script ends, however it ends.
-    stop = "trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT\n"
-    out = run_bash(stop + script, tmp_path, env, 240).stdout
-    assert "OK" in out  # the publish's answer
+    # when the script ends, however it ends, the API first (it stops against a live store).
+    stop = (
+        "trap 'for job in $(jobs -p | tac); do"
+        " kill $job 2>/dev/null || true; wait $job 2>/dev/null || true; done' EXIT\n"
+    )
+    out = run_bash(stop + script, tmp_path, env, 360).stdout
+    assert out.startswith("OK"), out  # the publish's answer, the recipe's first output
     [row] = [line for line in out.splitlines() if "|orders|" in line.replace(" ", "")]
     assert "|1|" in row.replace(" ", ""), out  # message_count: the one published
 

@@ -156,21 +156,23 @@ def test_the_go_tools_lines_of_the_tcp_docs_run_as_written(server: Server) -> No
 
 
 @pytest.mark.timeout(120)  # the program's first line, or the test fails here
-def test_the_pynsq_block_of_the_tcp_docs_runs_as_written(server: Server) -> None:
+def test_the_pynsq_block_of_the_tcp_docs_runs_as_written(server: Server, tmp_path: Path) -> None:
     """docs/tcp-protocol.md's pynsq program, with the server's port for nsqd's default one:
     it receives the messages it publishes (it runs until stopped, as a consumer does)."""
     text = (ROOT / "docs" / "tcp-protocol.md").read_text()
     [program] = re.findall(r"```python\n(# pynsq.*?)```", text, re.S)
     script = program.replace("127.0.0.1:4150", f"127.0.0.1:{server.tcp_port}")
-    with subprocess.Popen(
-        [sys.executable, "-c", script],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    ) as reader:
+    errors = tmp_path / "stderr"
+    with (
+        open(errors, "w") as stderr,
+        subprocess.Popen(
+            [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=stderr, text=True
+        ) as reader,
+    ):
         try:
             assert reader.stdout is not None
-            assert reader.stdout.readline() == "hello\n"  # blocks until the first one
+            first = reader.stdout.readline()  # blocks until the first one (or its end)
+            assert first == "hello\n", errors.read_text()
         finally:
             reader.kill()
 

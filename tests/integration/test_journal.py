@@ -3,6 +3,7 @@ that a crash makes run twice, truncation, and a server that recovers what a dead
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from pathlib import Path
@@ -12,6 +13,8 @@ import httpx
 import pytest
 from deltalake import DeltaTable
 
+from queue_engine.broker import Broker
+from queue_engine.settings import load_settings
 from queue_engine.store.journal import (
     Journal,
     Record,
@@ -115,6 +118,36 @@ def test_waiting_for_the_hand_off_covers_publishes_answered_before_it(tmp_path: 
     finally:
         release.set()
         journal.close()
+
+
+def test_an_empty_after_an_acknowledged_publish_drops_it_however_late_its_hand_off(
+    tmp_path: Path,
+) -> None:
+    """nsqd's /topic/empty right after a publish's OK: the message is among those emptied
+    even when the journal's thread hands it to the topic's writer only later (here 0.3 s)."""
+
+    async def scenario() -> tuple[int, int]:
+        broker = Broker(load_settings(None, warehouse=str(tmp_path / "wh")))
+        await broker.start()
+        try:
+            await broker.create_topic("t")
+            writer = await broker.topics.writer("t")
+            hand_off = writer.submit_publish
+
+            def late(*args: Any, **kwargs: Any) -> None:
+                time.sleep(0.3)  # on the journal's thread, after the publisher's answer
+                hand_off(*args, **kwargs)
+
+            writer.submit_publish = late  # type: ignore[method-assign]
+            acknowledged = await broker.start_publish("t", [b"m"])
+            await acknowledged
+            await broker.empty_topic("t")
+            info = broker.registry.topics["t"]
+            return info.empty_message_count, writer.stats().message_count
+        finally:
+            await broker.close()
+
+    assert asyncio.run(scenario()) == (1, 1)
 
 
 def test_a_drain_run_again_after_a_crash_adds_no_row_twice(tmp_path: Path) -> None:
