@@ -184,20 +184,10 @@ class TopicSchema:
             return self._arrays([self._fitting_part(msgspec.json.encode(r)) for r in rows])
 
     def _decode(self, bodies: Sequence[bytes]) -> list[Any]:
-        decode = self._decoder.decode
         try:
-            rows = list(map(decode, bodies))  # the loop in C; a refusal is located below
+            rows = list(map(self._decoder.decode, bodies))  # the loop in C
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
-            rows = []
-        for line, body in enumerate(bodies[len(rows) :], len(rows) + 1):
-            try:
-                rows.append(decode(body))
-            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                reason = self._reason(body) or _msgspec_reason(str(exc))
-                raise _refused(line, len(bodies), reason) from exc
-            except RecursionError as exc:
-                # msgspec's depth follows the stack: a body nested ~1000 deep (anywhere in it).
-                raise _refused(line, len(bodies), "not JSON (nested too deeply)") from exc
+            raise self._refusal(bodies) from None
         # What msgspec takes and a column cannot hold: an instant before year 1 or after 9999
         # once in UTC (0001-01-01T00:00:00+01:00).
         for field, get in zip(self.fields, self._getters, strict=True):
@@ -212,6 +202,20 @@ class TopicSchema:
                         reason = f"field {field.name}: out of range"
                         raise _refused(line, len(bodies), reason)
         return rows
+
+    def _refusal(self, bodies: Sequence[bytes]) -> QueueError:
+        """INVALID_BODY for the first of ``bodies`` that does not decode: its line, field and
+        why (looked for only once a batch has failed)."""
+        decode = self._decoder.decode
+        for line, body in enumerate(bodies, 1):
+            try:
+                decode(body)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                return _refused(line, len(bodies), self._reason(body) or _msgspec_reason(str(exc)))
+            except RecursionError:
+                # msgspec's depth follows the stack: a body nested ~1000 deep (anywhere in it).
+                return _refused(line, len(bodies), "not JSON (nested too deeply)")
+        raise AssertionError("a batch that failed to decode decodes body by body")
 
     def _arrays(self, rows: list[Any]) -> list[pa.Array]:
         """The fields of decoded rows, one Arrow column each."""

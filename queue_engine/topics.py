@@ -53,6 +53,10 @@ from queue_engine.topic_schema import TopicSchema, evolve, parse_schema
 
 log = logging.getLogger(__name__)
 
+# How long an admin change waits for the publishes acknowledged before it to be committed
+# (Topics.settle) before it goes on without them.
+SETTLE_TIMEOUT_S = 30.0
+
 # How often a node posts the topics it committed to (while it commits), and how much of that
 # a notice keeps: ~5 s of posts, so a fanout trigger slower than that probes every topic.
 TOPIC_NOTICE_S = 0.1
@@ -333,11 +337,15 @@ class Topics:
         """Wait until every publish acknowledged before this call is committed to its table
         (blocking). A journaled publish is answered before the journal's thread hands it to
         its writer, so the hand-off is waited for first."""
-        if self.journal is not None and not self.journal.wait_handed_on():
-            log.warning("the journal has not handed its publishes on in 30 s; going on")
-        if not writer.wait_settled():
+        if self.journal is not None and not self.journal.wait_handed_on(SETTLE_TIMEOUT_S):
             log.warning(
-                "%s: its acknowledged publishes are not committed after 30 s; going on", writer.path
+                "the journal has not handed its publishes on in %.0f s; going on", SETTLE_TIMEOUT_S
+            )
+        if not writer.wait_settled(SETTLE_TIMEOUT_S):
+            log.warning(
+                "%s: its acknowledged publishes are not committed after %.0f s; going on",
+                writer.path,
+                SETTLE_TIMEOUT_S,
             )
 
     def _journaled(self, name: str, writer: TopicWriter) -> None:

@@ -21,7 +21,7 @@ import trustme
 
 from queue_engine.lease import EventKind
 from queue_engine.store.tables import Warehouse, read_ledger
-from tests.conftest import ROOT, Server
+from tests.conftest import ROOT, Server, run_bash
 from tests.nsq_wire import Wire, identify, tool
 
 CLIENTS = ROOT / "tests" / "clients"
@@ -143,15 +143,7 @@ def test_the_go_tools_lines_of_the_tcp_docs_run_as_written(server: Server) -> No
     tools = {tool("to_nsq").parent, tool("nsq_tail").parent}
     path = ":".join([*map(str, tools), os.environ["PATH"]])
     script = block.replace("127.0.0.1:4150", f"127.0.0.1:{server.tcp_port}")
-    done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script],
-        env={**os.environ, "PATH": path},
-        text=True,
-        timeout=120,
-        capture_output=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_bash(script, ROOT, {**os.environ, "PATH": path}, 120)
     assert done.stdout.splitlines() == ["one", "two"]
 
 

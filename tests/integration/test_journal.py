@@ -97,7 +97,7 @@ def test_a_torn_tail_is_reported_and_everything_before_it_recovered(tmp_path: Pa
 def test_waiting_for_the_hand_off_covers_publishes_answered_before_it(tmp_path: Path) -> None:
     """A publish is answered before the journal's thread hands it to its topic's writer: an
     admin change that follows the answer (topic/empty, channel/create) waits for the hand-off
-    of everything appended before it, and for nothing appended after."""
+    of everything appended before it."""
     answered = threading.Event()
     release = threading.Event()
     handed: list[int] = []
