@@ -15,7 +15,7 @@ import pytest
 from deltalake import DeltaTable
 
 from queue_engine.headers import MAX_HEADERS, MAX_NAME_BYTES, MAX_VALUE_BYTES
-from tests.conftest import Server, wait_until
+from tests.conftest import Server, topic_rows, wait_until
 from tests.consumers import answer, body, create_channel, sub, sub_all
 from tests.nsq_wire import Wire, identify
 
@@ -224,19 +224,23 @@ def test_journaled_headers_survive_a_kill_9(warehouse: Path, tmp_path: Path) -> 
     """A publish acknowledged from the journal and killed before its topic commit: the next
     start commits it from the journal, headers included."""
     wh = tmp_path / "wh"
-    # Commits wait 10 s: the kill lands while the publishes are only in the journal.
+    # A commit waits 10 s after the one before: once the topic's first commit is made, the
+    # kill lands while the next publishes are only in the journal.
     server = Server(wh, env={"DELTAQ_DRAIN_LINGER_MS": "10000"}).start()
     with httpx.Client(base_url=server.url, timeout=30) as c:
+        assert c.post("/pub", params={"topic": "j"}, content=b"first").text == "OK"
+        topic_rows(wh, "j", 1)
         lines = [envelope(f"m{i}", {"i": str(i)} if i % 2 else None) for i in range(4)]
         r = c.post("/mpub", params={"topic": "j", "envelope": "json"}, content=b"\n".join(lines))
         assert r.text == "OK"
     server.kill9()
-    assert DeltaTable(str(wh / "topics" / "j")).to_pyarrow_table().num_rows == 0
+    assert DeltaTable(str(wh / "topics" / "j")).to_pyarrow_table().num_rows == 1
     server = Server(wh).start()
     try:
         rows = server.topic_table("j").select(["body", "headers"])
         got = {r["body"]: r["headers"] for r in rows.to_pylist()}
-        assert got == {b"m0": None, b"m1": [("i", "1")], b"m2": None, b"m3": [("i", "3")]}
+        want = {b"m0": None, b"m1": [("i", "1")], b"m2": None, b"m3": [("i", "3")]}
+        assert got == {b"first": None, **want}
     finally:
         server.stop()
 
