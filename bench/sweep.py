@@ -4,9 +4,11 @@
 
 The channel is written straight into its tables (bench/synthetic.py): every message delivered
 once, ``--expired`` of the leases ended a minute ago. Printed:
-- the sweep on local Spark (local[2]): first run (folds the whole ledger, writes TIMEOUTs and
-  the state), then a run with nothing new but the TIMEOUT commit (reads the state back);
-- for reference, the same fold in one Python process (queue_engine.state_fold.fold_tables);
+- the sweep on a local master (local[2]), each run on the driver (the default there) and as a
+  Spark job over a copy of the warehouse: first run (folds the whole ledger, writes TIMEOUTs
+  and the state), a run with nothing new but the TIMEOUT commit (reads the state back), a run
+  after a FIN of every live lease (a consumed backlog);
+- for reference, the first fold row by row (queue_engine.state_fold.fold_tables);
 - API restart-to-ready (spawn -> first message handed out by /sub), from the sweep's state
   and, for comparison, from the ledger alone (no state table), with the API's RSS then.
 """
@@ -22,11 +24,13 @@ import urllib.request
 from pathlib import Path
 
 import psutil
-from deltalake import DeltaTable
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, write_deltalake
 
 from bench.procs import HOST, api_process, free_port, stop
 from bench.synthetic import register, write_deliveries, write_messages
-from queue_engine.store.tables import Warehouse
+from queue_engine.store.tables import LEDGER_SCHEMA, Warehouse
 
 
 def build(root: Path, messages: int, expired: float) -> tuple[Warehouse, int]:
@@ -70,6 +74,35 @@ def restart_to_ready(root: Path, *, without_state: bool) -> tuple[float, float]:
             hidden.rename(state)
 
 
+def fin_live_leases(wh: Warehouse) -> int:
+    """A FIN for every lease still live, as consumers answering would append them."""
+    path = wh.channel_ledger_path("bench", "c")
+    ledger = DeltaTable(path).to_pyarrow_table()
+    ts = pa.timestamp("us", tz="UTC")
+    live = ledger.filter(
+        pc.and_(
+            pc.equal(ledger["event"], "DELIVER"),
+            pc.greater(ledger["lease_expires_at"], pa.scalar(time.time_ns() // 1000, ts)),
+        )
+    )
+    n = live.num_rows
+    fins = pa.Table.from_arrays(
+        [
+            live["id"],
+            pa.array(["FIN"] * n, pa.string()),
+            live["attempt"],
+            live["lease"],
+            pa.nulls(n, ts),
+            pa.nulls(n, ts),
+            pa.nulls(n, pa.string()),
+            pa.array([time.time_ns() // 1000 + i for i in range(n)], pa.int64()).cast(ts),
+        ],
+        schema=LEDGER_SCHEMA,
+    )
+    write_deltalake(path, fins, mode="append")
+    return n
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=1_000_000)
@@ -99,16 +132,35 @@ def main() -> int:
 
         spark = build_session(None, "deltaq-bench-sweep")
         spark.sparkContext.setLogLevel("ERROR")
-        first = sweep(spark, wh)
-        assert first.timeouts == expired, first
-        second = sweep(spark, wh, force=True)
-        spark.stop()
+        # Each case on the driver (the default on a local master) and as one Spark job
+        # (local_max_rows=0) over a copy of the same warehouse, at the same time.
+        copy = Warehouse(str(tmp / "spark"))
+        shutil.copytree(wh.root, copy.root)
+        now = time.time_ns() // 1000
+        first = sweep(spark, wh, now=now)
+        first_job = sweep(spark, copy, now=now, local_max_rows=0)
+        assert first.timeouts == first_job.timeouts == expired, (first, first_job)
         print(
-            f"sweep (Spark local[2]): first {first.seconds:.1f} s "
-            f"({first.live:,} live, {first.timeouts:,} TIMEOUTs written); "
-            f"again from the state {second.seconds:.1f} s"
+            f"first sweep ({first.live:,} live, {first.timeouts:,} TIMEOUTs written): "
+            f"driver {first.seconds:.1f} s, Spark job {first_job.seconds:.1f} s"
         )
-        print(f"reference: the same fold in one Python process, {reference:.1f} s")
+        again = sweep(spark, wh, force=True)
+        again_job = sweep(spark, copy, force=True, local_max_rows=0)
+        print(
+            f"again from the state, nothing new (--force): driver {again.seconds:.1f} s, "
+            f"Spark job {again_job.seconds:.1f} s"
+        )
+        fins = fin_live_leases(wh)
+        fin_live_leases(copy)
+        consumed = sweep(spark, wh)
+        consumed_job = sweep(spark, copy, local_max_rows=0)
+        assert consumed.finished == consumed_job.finished == fins, (consumed, consumed_job)
+        print(
+            f"after {fins:,} FINs of the live leases: driver {consumed.seconds:.1f} s, "
+            f"Spark job {consumed_job.seconds:.1f} s"
+        )
+        spark.stop()
+        print(f"reference: the first fold row by row in one Python process, {reference:.1f} s")
 
         ready, rss = restart_to_ready(tmp / "wh", without_state=False)
         print(

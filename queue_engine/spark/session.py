@@ -460,6 +460,10 @@ class LazySession:
             self._session = self._build()
         return self._session
 
+    @property
+    def built(self) -> bool:
+        return self._session is not None
+
     def stop(self) -> None:
         if self._session is not None:
             self._session.stop()

@@ -30,13 +30,13 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from queue_engine.quick_fold import fold_quickly
 from queue_engine.spark import fold_inputs
 from queue_engine.spark.session import LazySession
 from queue_engine.state_fold import (
     FINISHED,
     FOLD_OUTPUT_SCHEMA,
     fold_sorted,
-    fold_tables,
 )
 from queue_engine.store.delta import (
     AddedFile,
@@ -74,10 +74,16 @@ CHANNEL_COLUMN = fold_inputs.CHANNEL_COLUMN
 COMMIT_THREADS = 8
 # A sweep whose inputs (previous state rows + channel rows + ledger events added since, from
 # the commit log's statistics) total at most this many rows is folded on the driver by the
-# same fold (state_fold.fold_tables), like Spark runs a small local relation on the driver:
-# the Spark job costs 0.7-3 s of both cores even for a few rows, and under `deltaq up` the
-# fanout's micro-batches wait behind it (~4 us per row on the driver).
+# same fold (queue_engine.quick_fold, state_fold's fold with its shortcuts), like Spark runs a
+# small local relation on the driver: the Spark job costs 0.7-3 s of both cores even for a few
+# rows, and under `deltaq up` the fanout's micro-batches wait behind it. This bound is a
+# cluster's; a local master folds more on the driver (below).
 LOCAL_FOLD_MAX_ROWS = 20_000
+# On a local master the Spark job runs on this machine's cores anyway, at several times the
+# driver's cost (a consumed backlog of 1,000,000 messages: ~60 s of both cores in Spark, ~5 s
+# of one on the driver with queue_engine.quick_fold), so the driver folds up to this many rows;
+# the bound is the driver's memory (~0.5 KB a row at the fold's peak).
+LOCAL_MASTER_FOLD_MAX_ROWS = 4_000_000
 # A repeating sweep (``pace_backlog``) refolds a channel whose only change is new messages (no
 # ledger event, nothing due) once its last sweep is this many times that sweep's duration old,
 # when that sweep took at least BACKLOG_PACE_MIN_S. A backlog of unconsumed messages is folded
@@ -119,6 +125,21 @@ class SweepReport:
     folded_on: str = "spark"  # or "driver" (inputs of at most LOCAL_FOLD_MAX_ROWS rows)
     # What the retention pass after the sweep removed (None: no pass this time).
     retention: RetentionReport | None = None
+
+
+def driver_fold_rows(local_master: bool) -> int:
+    """How many input rows a sweep folds on the driver rather than in a Spark job."""
+    return LOCAL_MASTER_FOLD_MAX_ROWS if local_master else LOCAL_FOLD_MAX_ROWS
+
+
+def _local_master(spark: SparkSession | LazySession) -> bool:
+    """Whether a Spark job of this sweep would run on this machine. A session not built yet is
+    a local one (jobs/sweep.py builds a cluster's at once)."""
+    if isinstance(spark, LazySession):
+        if not spark.built:
+            return True
+        spark = spark.get()
+    return str(spark.sparkContext.master).startswith("local")
 
 
 def now_us() -> int:
@@ -271,7 +292,7 @@ def sweep(
     force: bool = False,
     partitions: int | None = None,
     maintenance: Maintenance | None = None,
-    local_max_rows: int = LOCAL_FOLD_MAX_ROWS,
+    local_max_rows: int | None = None,
     progress: Callable[[str], None] | None = None,
     retention: RetentionPolicy | None = None,
     pace_backlog: bool = False,
@@ -279,7 +300,8 @@ def sweep(
     """One sweep of every channel that needs it; with ``maintenance``, the swept channels'
     tables are then checkpointed, compacted and vacuumed by its policy; with ``retention``,
     every table then loses the files past keeping (queue_engine/retention.py). Inputs of at most
-    ``local_max_rows`` rows are folded on the driver (0: always by a Spark job).
+    ``local_max_rows`` rows are folded on the driver (0: always by a Spark job; None: by
+    where Spark runs, ``driver_fold_rows``).
     ``progress`` is told what the sweep is doing, a line at a time. ``pace_backlog``: for a
     sweep that runs again and again (BACKLOG_PACE_FACTOR)."""
     started = time.perf_counter()
@@ -294,6 +316,8 @@ def sweep(
         _retain(warehouse, retention, now, report, tell)
         report.seconds = time.perf_counter() - started
         return report
+    if local_max_rows is None:
+        local_max_rows = driver_fold_rows(_local_master(spark))
     inputs = _driver_inputs(plans, local_max_rows) if local_max_rows > 0 else None
     if inputs is not None:
         report.folded_on = "driver"
@@ -432,7 +456,7 @@ class _DriverInputs:
     def fold(self, now: int) -> pa.Table:
         """The plan's fold output, computed here from the same inputs as ``fold_frame`` reads."""
         p = self.plan
-        rows = fold_tables(
+        rows = fold_quickly(
             self.state.read() if self.state is not None else None,
             _rows(self.messages, CHANNEL_MESSAGES_SCHEMA),
             _rows(self.ledger, LEDGER_SCHEMA),

@@ -110,6 +110,44 @@ FOLD_PATHS = pytest.mark.parametrize(
 )
 
 
+def test_a_local_master_folds_a_consumed_backlog_on_the_driver_as_spark_would(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Past LOCAL_FOLD_MAX_ROWS rows, a sweep on a local master still folds on the driver (a
+    Spark job would run on the same cores at several times the cost), and its state and
+    TIMEOUTs are the Spark job's for the same warehouse at the same time."""
+    import shutil
+
+    wh = Warehouse(str(tmp_path / "driver"))
+    register(wh, "t", "c")
+    n = LOCAL_FOLD_MAX_ROWS + 5_000
+    ids = write_messages(wh, "t", "c", n, rows_per_commit=10_000)
+    write_deliveries(wh, "t", "c", ids[: n // 2], expired_fraction=0.1, rows_per_commit=10_000)
+    # A consumed tail: FINs of the first 10,000 deliveries whose leases are live.
+    ledger = DeltaTable(wh.channel_ledger_path("t", "c")).to_pyarrow_table()
+    live = ledger.filter(pc.greater(ledger["lease_expires_at"], pa.scalar(datetime.now(UTC))))
+    live = live.slice(0, 10_000)
+    now = time.time_ns() // 1000
+    fins = ledger_rows(live["id"], "FIN", live["attempt"], now, live["lease"])
+    write_deltalake(wh.channel_ledger_path("t", "c"), fins, mode="append")
+    by_spark = Warehouse(str(tmp_path / "spark"))
+    shutil.copytree(wh.root, by_spark.root)
+    at = now + 1_000
+    driver = sweep(spark, wh, now=at)
+    assert driver.folded_on == "driver"
+    job = sweep(spark, by_spark, now=at, local_max_rows=0)
+    assert job.folded_on == "spark"
+    expired = (n // 2 + 9) // 10
+    assert (driver.live, driver.timeouts, driver.finished) == (n - 10_000, expired, 10_000)
+    assert (job.live, job.timeouts, job.finished) == (driver.live, driver.timeouts, driver.finished)
+    order = [("id", "ascending")]
+    assert (
+        state_rows(wh, "t", "c").sort_by(order).to_pylist()
+        == state_rows(by_spark, "t", "c").sort_by(order).to_pylist()
+    )
+    assert timeouts_written(wh, "t", "c") == timeouts_written(by_spark, "t", "c")
+
+
 @FOLD_PATHS
 def test_sweep_is_incremental_and_skips_unchanged_channels(
     spark: SparkSession, tmp_path: Path, local_max_rows: int, folded_on: str

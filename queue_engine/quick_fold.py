@@ -1,0 +1,339 @@
+"""The sweep's fold on one process, with the rows whose outcome is known without ``apply``
+taken out first as whole columns.
+
+``state_fold.fold_tables`` folds every input row in Python (~5 µs a row). These rows need
+none of that, and after a backlog is published or consumed they are nearly all of them:
+
+- **A new message** that no state row or ledger row names: ready, or deferred until its
+  ``deliver_at``.
+- **A simple delivery**: a message whose one new ledger row is a DELIVER, from a base row (its
+  state row, else its channel-table row) that the DELIVER may start: not in flight, not dead,
+  its attempt count one less, not deferred past the DELIVER. ``apply`` would put it in flight
+  with that lease; the sweep's TIMEOUT follows if the lease had ended by ``now``.
+- **A simple consumption**: the same with exactly one DELIVER and the FIN of its attempt and
+  lease. ``apply`` would make it finished with the base's counts.
+- **An answered lease**: a message whose one new ledger row is the FIN of the attempt and lease
+  its state row holds (in flight, or timed out and not delivered again). Finished likewise.
+- **An untouched state row**: no new row names it, and nothing about it falls due at ``now``
+  (an in-flight lease that had ended, a deferral that has come). Folding it alone gives the
+  same row stamped with this sweep's ledger version and time.
+
+Everything else goes through ``fold_tables``. The result holds the same rows as
+``fold_tables`` of the same inputs would (tests/unit/test_quick_fold.py holds it to that), in
+no particular order.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from queue_engine.lease import Status
+from queue_engine.state_fold import FINISHED, FOLD_OUTPUT_SCHEMA, fold_tables
+from queue_engine.store.tables import STATE_SCHEMA
+
+_TS = pa.timestamp("us", tz="UTC")
+_STARTABLE = pa.array([Status.READY.value, Status.DEFERRED.value])
+
+
+def fold_quickly(
+    state: pa.Table | None,
+    messages: pa.Table | None,
+    ledger: pa.Table | None,
+    now_us: int,
+    ledger_version: int,
+) -> pa.Table:
+    """``fold_tables(state, messages, ledger, now_us, ledger_version)``'s rows (any order)."""
+    parts: list[pa.Table] = []
+    if ledger is not None and ledger.num_rows:
+        counts = ledger.group_by("id").aggregate([("id", "count")])
+        answered = pa.concat_tables(
+            [
+                _deliveries(state, messages, ledger, counts, now_us, ledger_version),
+                _lone_fins(state, ledger, counts, now_us, ledger_version),
+            ]
+        )
+        if answered.num_rows:
+            parts.append(answered)
+            done = answered["id"]
+            ledger = _without(ledger, done)
+            messages = _without(messages, done)
+            state = _without(state, done)
+    named = [t["id"] for t in (state, ledger) if t is not None and t.num_rows]
+    if messages is not None and messages.num_rows:
+        arrived = _arrivals(messages, named, now_us, ledger_version)
+        if arrived.num_rows:
+            parts.append(arrived)
+            messages = _without(messages, arrived["id"])
+    if state is not None and state.num_rows:
+        named = [t["id"] for t in (messages, ledger) if t is not None and t.num_rows]
+        touched = (
+            pc.is_in(state["id"], value_set=pa.chunked_array(named).combine_chunks())
+            if named
+            else pa.array([False] * state.num_rows)
+        )
+        keep = pc.invert(pc.or_(touched, _due(state, now_us)))
+        parts.append(_stamped(state.filter(keep), now_us, ledger_version))
+        state = state.filter(pc.invert(keep))
+    parts.append(fold_tables(state, messages, ledger, now_us, ledger_version))
+    return pa.concat_tables([p.cast(FOLD_OUTPUT_SCHEMA) for p in parts])
+
+
+def _without(table: pa.Table | None, ids: pa.ChunkedArray) -> pa.Table | None:
+    if table is None:
+        return None
+    return table.filter(pc.invert(pc.is_in(table["id"], value_set=ids.combine_chunks())))
+
+
+def _due(state: pa.Table, now_us: int) -> pa.ChunkedArray:
+    """Rows whose fold at ``now_us`` changes them though nothing new names them: an in-flight
+    lease that had ended (the sweep's TIMEOUT), a deferral whose time has come (now ready)."""
+    now = pa.scalar(now_us, _TS)
+    ended = pc.and_(
+        pc.equal(state["status"], Status.IN_FLIGHT.value),
+        pc.fill_null(pc.less_equal(state["lease_expires_at"], now), False),
+    )
+    came = pc.and_(
+        pc.equal(state["status"], Status.DEFERRED.value),
+        pc.fill_null(pc.less_equal(state["deliver_at"], now), True),
+    )
+    return pc.or_(ended, came)
+
+
+def _stamped(rows: pa.Table, now_us: int, ledger_version: int) -> pa.Table:
+    """State rows as the fold outputs them untouched: this sweep's ledger version and time."""
+    n = rows.num_rows
+    rows = rows.set_column(
+        rows.schema.get_field_index("ledger_version"),
+        "ledger_version",
+        pa.array([ledger_version] * n, pa.int64()),
+    )
+    rows = rows.set_column(
+        rows.schema.get_field_index("swept_at"),
+        "swept_at",
+        pa.array([now_us] * n, pa.int64()).cast(_TS),
+    )
+    return rows.append_column("swept_timeout", pa.array([False] * n, pa.bool_()))
+
+
+def _deliveries(
+    state: pa.Table | None,
+    messages: pa.Table | None,
+    ledger: pa.Table,
+    counts: pa.Table,
+    now_us: int,
+    ledger_version: int,
+) -> pa.Table:
+    """Rows of the messages delivered simply, and of those consumed simply (see the module's
+    docstring)."""
+    columns = ["id", "attempt", "lease", "lease_expires_at", "consumer", "at"]
+    delivers = ledger.filter(pc.equal(ledger["event"], "DELIVER"))
+    ones = counts.filter(pc.equal(counts["id_count"], 1))["id"].combine_chunks()
+    twos = counts.filter(pc.equal(counts["id_count"], 2))["id"].combine_chunks()
+    alone = delivers.filter(pc.is_in(delivers["id"], value_set=ones)).select(columns)
+    alone = alone.append_column("finished", pa.array([False] * alone.num_rows, pa.bool_()))
+    fins = ledger.filter(
+        pc.and_(pc.equal(ledger["event"], "FIN"), pc.is_in(ledger["id"], value_set=twos))
+    )
+    # Two rows per id: a DELIVER joined to a FIN is that id's whole ledger tail.
+    pairs = (
+        delivers.filter(pc.is_in(delivers["id"], value_set=twos))
+        .select(columns)
+        .join(
+            fins.select(["id", "attempt", "lease", "at"]).rename_columns(
+                ["id", "f_attempt", "f_lease", "f_at"]
+            ),
+            "id",
+            join_type="inner",
+        )
+    )
+    pairs = pairs.filter(
+        pc.and_(
+            pc.and_(
+                pc.equal(pairs["attempt"], pairs["f_attempt"]),
+                pc.fill_null(pc.equal(pairs["lease"], pairs["f_lease"]), False),
+            ),
+            # Same time: DELIVER ranks before FIN (lease.RANK), so the FIN still follows it.
+            pc.less_equal(pairs["at"], pairs["f_at"]),
+        )
+    ).select(columns)
+    pairs = pairs.append_column("finished", pa.array([True] * pairs.num_rows, pa.bool_()))
+    candidates = pa.concat_tables([alone, pairs], promote_options="permissive")
+    if not candidates.num_rows:
+        return FOLD_OUTPUT_SCHEMA.empty_table()
+    joined = _with_base(candidates, state, messages)
+    has_state = pc.is_valid(joined["s_status"])
+    base_attempts = pc.if_else(has_state, joined["s_attempts"], pa.scalar(0, pa.int32()))
+    base_deliver_at = pc.if_else(has_state, joined["s_deliver_at"], joined["m_deliver_at"])
+    startable = pc.and_(
+        pc.or_(
+            pc.fill_null(pc.is_in(joined["s_status"], value_set=_STARTABLE), False),
+            pc.and_(pc.invert(has_state), pc.is_valid(joined["m_present"])),
+        ),
+        pc.and_(
+            pc.equal(joined["attempt"], pc.add(base_attempts, pa.scalar(1, pa.int32()))),
+            pc.fill_null(pc.less_equal(base_deliver_at, joined["at"]), True),
+        ),
+    )
+    rows = joined.filter(startable)
+    n = rows.num_rows
+    if not n:
+        return FOLD_OUTPUT_SCHEMA.empty_table()
+    has_state = pc.is_valid(rows["s_status"])
+    finished = rows["finished"]
+    zero = pa.scalar(0, pa.int32())
+    at_us = rows["at"].cast(pa.int64())
+    expires_us = rows["lease_expires_at"].cast(pa.int64())
+    # A lease still held at ``now`` that had ended gets the sweep's TIMEOUT.
+    swept = pc.and_(
+        pc.invert(finished), pc.fill_null(pc.less_equal(expires_us, pa.scalar(now_us)), False)
+    )
+    timeouts = pc.if_else(has_state, pc.fill_null(rows["s_timeouts"], zero), zero)
+    status = pc.if_else(
+        finished,
+        pa.scalar(FINISHED),
+        pc.if_else(swept, pa.scalar(Status.READY.value), pa.scalar(Status.IN_FLIGHT.value)),
+    )
+    columns_out = {
+        "id": rows["id"],
+        "status": status,
+        "attempts": rows["attempt"],
+        "lease": rows["lease"],
+        "lease_owner": rows["consumer"],
+        "delivered_at": rows["at"],
+        "lease_expires_at": rows["lease_expires_at"],
+        "lease_duration_us": pc.subtract(pc.fill_null(expires_us, at_us), at_us),
+        "deliver_at": pa.nulls(n, _TS),
+        "timed_out": swept,
+        "requeues": pc.if_else(has_state, pc.fill_null(rows["s_requeues"], zero), zero),
+        "timeouts": pc.add(timeouts, pc.cast(swept, pa.int32())),
+        "published_at": pc.if_else(has_state, rows["s_published_at"], rows["m_published_at"]),
+        "topic_version": pc.if_else(has_state, rows["s_topic_version"], rows["m_topic_version"]),
+        "ledger_version": pa.array([ledger_version] * n, pa.int64()),
+        "swept_at": pa.array([now_us] * n, pa.int64()).cast(_TS),
+        "swept_timeout": swept,
+    }
+    return pa.table(columns_out).cast(FOLD_OUTPUT_SCHEMA)
+
+
+def _arrivals(
+    messages: pa.Table, named: list[pa.ChunkedArray], now_us: int, ledger_version: int
+) -> pa.Table:
+    """Rows of the channel's new messages that no state row or ledger row names (each id once
+    in the channel table): ready, or deferred until their ``deliver_at``."""
+    counts = messages.group_by("id").aggregate([("id", "count")])
+    once = counts.filter(pc.equal(counts["id_count"], 1))["id"].combine_chunks()
+    fresh = pc.is_in(messages["id"], value_set=once)
+    if named:
+        others = pa.chunked_array(named).combine_chunks()
+        fresh = pc.and_(fresh, pc.invert(pc.is_in(messages["id"], value_set=others)))
+    rows = messages.filter(fresh)
+    n = rows.num_rows
+    zero = pa.array([0] * n, pa.int32())
+    later = pc.fill_null(pc.greater(rows["deliver_at"], pa.scalar(now_us, _TS)), False)
+    columns_out = {
+        "id": rows["id"],
+        "status": pc.if_else(
+            later, pa.scalar(Status.DEFERRED.value), pa.scalar(Status.READY.value)
+        ),
+        "attempts": zero,
+        "lease": pa.nulls(n, pa.string()),
+        "lease_owner": pa.nulls(n, pa.string()),
+        "delivered_at": pa.nulls(n, _TS),
+        "lease_expires_at": pa.nulls(n, _TS),
+        "lease_duration_us": pa.array([0] * n, pa.int64()),
+        "deliver_at": rows["deliver_at"],
+        "timed_out": pa.array([False] * n, pa.bool_()),
+        "requeues": zero,
+        "timeouts": zero,
+        "published_at": rows["published_at"],
+        "topic_version": rows["topic_version"],
+        "ledger_version": pa.array([ledger_version] * n, pa.int64()),
+        "swept_at": pa.array([now_us] * n, pa.int64()).cast(_TS),
+        "swept_timeout": pa.array([False] * n, pa.bool_()),
+    }
+    return pa.table(columns_out).cast(FOLD_OUTPUT_SCHEMA)
+
+
+def _lone_fins(
+    state: pa.Table | None,
+    ledger: pa.Table,
+    counts: pa.Table,
+    now_us: int,
+    ledger_version: int,
+) -> pa.Table:
+    """Finished rows of the messages whose one new ledger row is the FIN of the attempt and
+    lease their state row holds, in flight or timed out and not delivered again."""
+    if state is None or not state.num_rows:
+        return FOLD_OUTPUT_SCHEMA.empty_table()
+    ones = counts.filter(pc.equal(counts["id_count"], 1))["id"]
+    fins = ledger.filter(
+        pc.and_(
+            pc.equal(ledger["event"], "FIN"),
+            pc.is_in(ledger["id"], value_set=ones.combine_chunks()),
+        )
+    )
+    if not fins.num_rows:
+        return FOLD_OUTPUT_SCHEMA.empty_table()
+    held = state.filter(pc.is_in(state["id"], value_set=fins["id"].combine_chunks()))
+    joined = held.join(
+        fins.select(["id", "attempt", "lease"]).rename_columns(["id", "f_attempt", "f_lease"]),
+        "id",
+        join_type="inner",
+    )
+    answered = pc.and_(
+        pc.and_(
+            pc.equal(joined["attempts"], joined["f_attempt"]),
+            pc.fill_null(pc.equal(joined["lease"], joined["f_lease"]), False),
+        ),
+        pc.or_(
+            pc.equal(joined["status"], Status.IN_FLIGHT.value),
+            pc.and_(pc.equal(joined["status"], Status.READY.value), joined["timed_out"]),
+        ),
+    )
+    rows = joined.filter(answered).select(STATE_SCHEMA.names)
+    n = rows.num_rows
+    rows = rows.set_column(
+        rows.schema.get_field_index("status"), "status", pa.array([FINISHED] * n, pa.string())
+    )
+    rows = rows.set_column(
+        rows.schema.get_field_index("timed_out"), "timed_out", pa.array([False] * n, pa.bool_())
+    )
+    return _stamped(rows, now_us, ledger_version).cast(FOLD_OUTPUT_SCHEMA)
+
+
+def _with_base(joined: pa.Table, state: pa.Table | None, messages: pa.Table | None) -> pa.Table:
+    """The candidates with their state row's (``s_``) and channel row's (``m_``) columns, null
+    where there is none. A candidate with more than one of either is dropped (left to the
+    full fold)."""
+    ids = joined["id"].combine_chunks()
+    state_cols = ["status", "attempts", "deliver_at", "requeues", "timeouts", "published_at"]
+    state_cols.append("topic_version")
+    for name, table, cols in (
+        ("s", state, state_cols),
+        ("m", messages, ["deliver_at", "published_at", "topic_version"]),
+    ):
+        if table is None or not table.num_rows:
+            base = pa.table(
+                {"id": pa.array([], pa.string())}
+                | {f"{name}_{c}": pa.array([], _type(c)) for c in cols}
+            )
+        else:
+            base = table.filter(pc.is_in(table["id"], value_set=ids)).select(["id", *cols])
+            base = base.rename_columns(["id", *(f"{name}_{c}" for c in cols)])
+        if name == "m":
+            base = base.append_column("m_present", pa.array([True] * base.num_rows, pa.bool_()))
+        joined = joined.join(base, "id", join_type="left outer")
+    counts = joined.group_by("id").aggregate([("id", "count")])
+    single = counts.filter(pc.equal(counts["id_count"], 1))["id"]
+    return joined.filter(pc.is_in(joined["id"], value_set=single.combine_chunks()))
+
+
+def _type(column: str) -> pa.DataType:
+    return {
+        "status": pa.string(),
+        "attempts": pa.int32(),
+        "requeues": pa.int32(),
+        "timeouts": pa.int32(),
+        "topic_version": pa.int64(),
+    }.get(column, _TS)
