@@ -34,6 +34,7 @@ from queue_engine.store.tables import STATE_SCHEMA
 
 _TS = pa.timestamp("us", tz="UTC")
 _STARTABLE = pa.array([Status.READY.value, Status.DEFERRED.value])
+_LIVE = pa.array([s.value for s in (Status.READY, Status.DEFERRED, Status.IN_FLIGHT, Status.DEAD)])
 
 
 def fold_quickly(
@@ -45,6 +46,13 @@ def fold_quickly(
 ) -> pa.Table:
     """``fold_tables(state, messages, ledger, now_us, ledger_version)``'s rows (any order)."""
     parts: list[pa.Table] = []
+    # Ids whose state rows a sweep would not have written go to the full fold whole.
+    odd: tuple[pa.Table | None, ...] = (None, None, None)
+    if state is not None and state.num_rows:
+        irregular = _irregular(state)
+        if len(irregular):
+            odd = tuple(_only(t, irregular) for t in (state, messages, ledger))
+            state, messages, ledger = (_without(t, irregular) for t in (state, messages, ledger))
     if ledger is not None and ledger.num_rows:
         counts = ledger.group_by("id").aggregate([("id", "count")])
         answered = pa.concat_tables(
@@ -75,14 +83,52 @@ def fold_quickly(
         keep = pc.invert(pc.or_(touched, _due(state, now_us)))
         parts.append(_stamped(state.filter(keep), now_us, ledger_version))
         state = state.filter(pc.invert(keep))
+    state, messages, ledger = _both(state, odd[0]), _both(messages, odd[1]), _both(ledger, odd[2])
     parts.append(fold_tables(state, messages, ledger, now_us, ledger_version))
     return pa.concat_tables([p.cast(FOLD_OUTPUT_SCHEMA) for p in parts])
 
 
-def _without(table: pa.Table | None, ids: pa.ChunkedArray) -> pa.Table | None:
+def _without(table: pa.Table | None, ids: pa.ChunkedArray | pa.Array) -> pa.Table | None:
     if table is None:
         return None
-    return table.filter(pc.invert(pc.is_in(table["id"], value_set=ids.combine_chunks())))
+    return table.filter(pc.invert(pc.is_in(table["id"], value_set=_array(ids))))
+
+
+def _only(table: pa.Table | None, ids: pa.Array) -> pa.Table | None:
+    return None if table is None else table.filter(pc.is_in(table["id"], value_set=ids))
+
+
+def _both(a: pa.Table | None, b: pa.Table | None) -> pa.Table | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return pa.concat_tables([a, b])
+
+
+def _array(ids: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+
+
+def _irregular(state: pa.Table) -> pa.Array:
+    """Ids of state rows unlike those a sweep writes, which the shortcuts' copies of columns
+    would not reproduce: an id twice, a status that is not a live one, a negative attempt
+    count, none for a row in flight or holding a lease (``state_from_values`` reads such a row
+    as never delivered)."""
+    counts = state.group_by("id").aggregate([("id", "count")])
+    twice = counts.filter(pc.greater(counts["id_count"], 1))["id"]
+    unlike = pc.or_(
+        pc.invert(pc.is_in(state["status"], value_set=_LIVE)),
+        pc.or_(
+            pc.less(state["attempts"], 0),
+            pc.and_(
+                pc.equal(state["attempts"], 0),
+                pc.or_(
+                    pc.or_(pc.equal(state["status"], Status.IN_FLIGHT.value), state["timed_out"]),
+                    pc.is_valid(state["lease"]),
+                ),
+            ),
+        ),
+    )
+    return pa.chunked_array([twice, state.filter(unlike)["id"]], pa.string()).combine_chunks()
 
 
 def _due(state: pa.Table, now_us: int) -> pa.ChunkedArray:
@@ -97,7 +143,13 @@ def _due(state: pa.Table, now_us: int) -> pa.ChunkedArray:
         pc.equal(state["status"], Status.DEFERRED.value),
         pc.fill_null(pc.less_equal(state["deliver_at"], now), True),
     )
-    return pc.or_(ended, came)
+    # A sweep whose clock is behind the last one's (another host's, a step back): a row ready
+    # then may be deferred at this ``now``.
+    back = pc.and_(
+        pc.equal(state["status"], Status.READY.value),
+        pc.fill_null(pc.greater(state["deliver_at"], now), False),
+    )
+    return pc.or_(pc.or_(ended, came), back)
 
 
 def _stamped(rows: pa.Table, now_us: int, ledger_version: int) -> pa.Table:
@@ -202,7 +254,10 @@ def _deliveries(
         "lease_owner": rows["consumer"],
         "delivered_at": rows["at"],
         "lease_expires_at": rows["lease_expires_at"],
-        "lease_duration_us": pc.subtract(pc.fill_null(expires_us, at_us), at_us),
+        # lease.apply's ``(lease_expires_at or at) - at``: an end of 0 counts as none.
+        "lease_duration_us": pc.subtract(
+            pc.if_else(pc.fill_null(pc.equal(expires_us, 0), True), at_us, expires_us), at_us
+        ),
         "deliver_at": pa.nulls(n, _TS),
         "timed_out": swept,
         "requeues": pc.if_else(has_state, pc.fill_null(rows["s_requeues"], zero), zero),

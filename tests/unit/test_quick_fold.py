@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from queue_engine.lease import EventKind, LeaseEvent
 from queue_engine.quick_fold import fold_quickly
-from queue_engine.state_fold import FINISHED, fold_tables
+from queue_engine.state_fold import FINISHED, FOLD_OUTPUT_SCHEMA, fold_tables
 from queue_engine.store.tables import STATE_SCHEMA
 from tests.ledgers import BASE_US, LEASES, Channel, channels
 
@@ -157,6 +157,59 @@ def test_what_falls_due_exactly_now_is_folded() -> None:
     _same_rows(rows, fold_tables(state, None, since, now, 1))
     by_id = {r["id"]: (r["status"], r["swept_timeout"]) for r in rows.to_pylist()}
     assert by_id == {leased: ("ready", True), deferred: ("ready", False), later: ("ready", True)}
+
+
+def _one_state_row(events: list[LeaseEvent], now: int, **changes: Any) -> pa.Table:
+    """The state a sweep at ``now`` writes for message A after ``events``, with ``changes``."""
+    channel = Channel([A], [None], events)
+    row = fold_tables(None, channel.messages(), channel.ledger(), now, 0).to_pylist()[0]
+    return (
+        pa.Table.from_pylist([row | changes], schema=FOLD_OUTPUT_SCHEMA)
+        .select(STATE_SCHEMA.names)
+        .cast(STATE_SCHEMA)
+    )
+
+
+A = "0000000000000001"
+
+
+def test_state_rows_unlike_a_sweeps_and_odd_times_give_the_full_folds_rows() -> None:
+    """Rows a sweep would not write (an id twice, a finished or unknown status, attempts that
+    do not fit the status), a clock behind the last sweep's, a lease ending at the epoch."""
+    deliver = LeaseEvent(A, EventKind.DELIVER, 1, BASE_US, LEASES[0], BASE_US + 10**6)
+    fin = Channel([A], [None], [LeaseEvent(A, EventKind.FIN, 1, BASE_US + 5, LEASES[0])])
+    ready = _one_state_row([], BASE_US)
+    held = _one_state_row([deliver], BASE_US + 1)
+    cases = [
+        (pa.concat_tables([ready, ready]), None, None, BASE_US),
+        (pa.concat_tables([held, held]), None, fin.ledger(), BASE_US + 9),
+        (_one_state_row([deliver], BASE_US + 1, attempts=0), None, None, BASE_US + 9),
+        (_one_state_row([deliver], BASE_US + 1, attempts=0), None, fin.ledger(), BASE_US + 9),
+        (_one_state_row([], BASE_US + 100, deliver_at=BASE_US + 50), None, None, BASE_US + 10),
+        (_one_state_row([], BASE_US, status=FINISHED), None, None, BASE_US),
+        (_one_state_row([], BASE_US, status="lost"), None, None, BASE_US),
+        (
+            _one_state_row([], BASE_US, attempts=-1),
+            None,
+            Channel(
+                [A], [None], [LeaseEvent(A, EventKind.DELIVER, 0, BASE_US, LEASES[0], 1)]
+            ).ledger(),
+            BASE_US + 9,
+        ),
+        (
+            None,
+            Channel([A], [None], []).messages(),
+            Channel(
+                [A], [None], [LeaseEvent(A, EventKind.DELIVER, 1, BASE_US, LEASES[0], 0)]
+            ).ledger(),
+            BASE_US + 9,
+        ),
+    ]
+    for state, messages, ledger, now in cases:
+        _same_rows(
+            fold_quickly(state, messages, ledger, now, 3),
+            fold_tables(state, messages, ledger, now, 3),
+        )
 
 
 def test_a_consumed_backlog_is_folded_without_the_row_by_row_fold(
