@@ -7,7 +7,7 @@ in the same run, driven by the same clients.
    then ``--batch-size 1`` again right after it (what the background work of a burst costs
    the foreground); then ``bench_reader`` (RDY 2500, FIN each) on that channel, with the
    serving process's peak RSS.
-2. HTTP ``/pub`` acknowledgement latency at a steady 200 and 1,000 msg/s (four keep-alive
+2. HTTP ``/pub`` acknowledgement latency at a steady 200 and 1,000 msg/s (16 keep-alive
    connections, each request sent when due and timed from then).
 3. Publish -> delivered at 1,000 msg/s pipelined on one connection to a topic with one TCP
    consumer: with nothing else publishing, and right after 16 connections published to
@@ -55,7 +55,7 @@ WRITER_TOPIC = "sub_bench"  # bench_writer's and bench_reader's default topic
 READER_CHANNEL = "ch"  # bench_reader's default channel
 CASES = ("writer", "ack", "pub", "delivered")
 # Connections sending the steady /pub load (see ack_latency).
-ACK_CONNECTIONS = 4
+ACK_CONNECTIONS = 16
 
 
 def up_process(workdir: Path) -> tuple[subprocess.Popen[bytes], int, int] | None:
@@ -89,6 +89,33 @@ def up_process(workdir: Path) -> tuple[subprocess.Popen[bytes], int, int] | None
             return None
         time.sleep(0.2)
     return proc, http_port, tcp_port
+
+
+def settle(
+    pid: int, *, idle_cpu_s: float = 0.2, window_s: float = 2.0, most_s: float = 90
+) -> float:
+    """Seconds until ``pid`` and its children used less than ``idle_cpu_s`` of CPU in a
+    ``window_s`` window (at most ``most_s``): after "ready" Spark's JVM and its Python daemon
+    warm up for ~15 s (~6 s of CPU), which the first, quiet, case must not measure."""
+    started = time.monotonic()
+
+    def used() -> float:
+        root = psutil.Process(pid)
+        total = 0.0
+        for process in (root, *root.children(recursive=True)):
+            with contextlib.suppress(psutil.Error):
+                times = process.cpu_times()
+                total += times.user + times.system
+        return total
+
+    before = used()
+    while time.monotonic() - started < most_s:
+        time.sleep(window_s)
+        now = used()
+        if now - before < idle_cpu_s:
+            break
+        before = now
+    return time.monotonic() - started
 
 
 def stop_up(proc: subprocess.Popen[bytes]) -> None:
@@ -200,9 +227,10 @@ def ack_latency(target: tcp.Target, rate: int, seconds: float) -> tuple[float, f
     """p50, p95, p99 ms of HTTP ``/pub`` answers at a steady ``rate`` (after 2 s unmeasured).
 
     ACK_CONNECTIONS keep-alive connections each send ``rate / ACK_CONNECTIONS`` a second when
-    due, so the rate holds while an answer takes longer than the interval (one connection
-    waiting for each answer sent ~590 a second, not 1,000, once answers took ~1 ms). A
-    request sent late is timed from when it was due: the wait behind a slow answer counts."""
+    due, as many producers would, so the rate holds while an answer takes longer than the
+    interval (one connection waiting for each answer sent ~590 a second, not 1,000, once
+    answers took ~1 ms). A request sent late is timed from when it was due: the wait behind a
+    slow answer counts."""
     topic = "bench_ack"
     post(target.http_port, f"/topic/create?topic={topic}")
     post(target.http_port, f"/channel/create?topic={topic}&channel=c")
@@ -334,6 +362,8 @@ def main() -> int:
                     return 1
                 print(f"deltaq up ready in {time.monotonic() - started:.1f} s", flush=True)
                 up, http_port, tcp_port = started_up
+                waited = settle(up.pid)
+                print(f"deltaq up settled {waited:.1f} s after that", flush=True)
                 try:
                     target = tcp.Target(name, tcp_port, http_port, up.pid)
                     results[name] = run_target(target, args, cases)

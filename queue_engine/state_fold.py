@@ -3,7 +3,8 @@
 Pure (``now_us`` is passed in) and streaming over Arrow batches, so Spark can run it in
 ``mapInArrow`` on rows partitioned by id and sorted by (id, source, event time, rank); any
 split of a message's rows across batches is carried over. Every transition goes through
-``queue_engine.lease.apply``: the sweep and the API cannot disagree on a message's state.
+``queue_engine.lease.apply``: the sweep and the API cannot disagree on a message's state
+(``queue_engine.quick_fold``'s shortcuts are property-tested to give the same rows).
 
 After a message's rows, a lease that had ended by ``now_us`` gets the sweep's TIMEOUT (marked
 ``swept_timeout`` so the caller appends it to the ledger).
@@ -257,8 +258,9 @@ def fold_tables(
     now_us: int,
     ledger_version: int,
 ) -> pa.Table:
-    """The whole fold in one process (Arrow sort + ``fold_sorted``): the reference the Spark
-    job is tested against, and what a small channel needs."""
+    """The whole fold in one process (Arrow sort + ``fold_sorted``), row by row: the reference
+    the Spark job and ``quick_fold`` are tested against, and what ``quick_fold`` runs for the
+    rows its shortcuts do not cover."""
     parts = []
     if state is not None:
         parts.append(state_input(state))

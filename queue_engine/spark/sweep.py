@@ -1,9 +1,10 @@
-"""The sweep as a Spark batch job: every channel's ledger folded into its ``state`` table.
+"""The sweep: every channel's ledger folded into its ``state`` table.
 
-One Spark job per run covers all channels that changed or have something due: the previous
-state rows, the channel-table rows and the ledger events added since, partitioned by
-(channel, id), sorted by event time, folded by ``queue_engine.state_fold`` (the same ``apply``
-as the API). The result comes back to the driver, which per channel
+One fold per run covers all channels that changed or have something due: the previous state
+rows, the channel-table rows and the ledger events added since. Up to ``driver_fold_rows``
+input rows it runs on the driver (``queue_engine.quick_fold``); past that, as one Spark job
+that partitions them by (channel, id), sorts them by event time and folds them with
+``queue_engine.state_fold`` (the same ``apply`` as the API). The driver then, per channel
 
 1. appends the TIMEOUT events for leases that had ended (one ledger commit tagged
    ``deltaq.writer=sweep``; the API follows those commits and redelivers), then
@@ -86,11 +87,11 @@ LOCAL_FOLD_MAX_ROWS = 20_000
 LOCAL_MASTER_FOLD_MAX_ROWS = 4_000_000
 # A repeating sweep (``pace_backlog``) refolds a channel whose only change is new messages (no
 # ledger event, nothing due) once its last sweep is this many times that sweep's duration old,
-# when that sweep took at least BACKLOG_PACE_MIN_S. A backlog of unconsumed messages is folded
-# again whole each time (its rows are live), by a Spark job past LOCAL_FOLD_MAX_ROWS rows:
-# measured under `deltaq up`, 20,708 unconsumed rows took 12 s of both cores every 10 s
-# interval, beside the API answering publishers. New messages need no sweep to be delivered
-# or restored (a restart reads the rows newer than the state); only `state` and `queue_stats`
+# when that sweep took at least BACKLOG_PACE_MIN_S. A backlog of unconsumed messages is read
+# and written again whole each time (its rows are live): when such folds ran as Spark jobs
+# under `deltaq up`, 20,708 unconsumed rows took 12 s of both cores every 10 s interval,
+# beside the API answering publishers. New messages need no sweep to be delivered or
+# restored (a restart reads the rows newer than the state); only `state` and `queue_stats`
 # show them later.
 BACKLOG_PACE_FACTOR = 6
 BACKLOG_PACE_MIN_S = 2.0
@@ -122,7 +123,7 @@ class SweepReport:
     timeouts: int = 0
     finished: int = 0
     seconds: float = 0.0
-    folded_on: str = "spark"  # or "driver" (inputs of at most LOCAL_FOLD_MAX_ROWS rows)
+    folded_on: str = "spark"  # or "driver" (inputs of at most driver_fold_rows(...) rows)
     # What the retention pass after the sweep removed (None: no pass this time).
     retention: RetentionReport | None = None
 
