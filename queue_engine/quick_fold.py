@@ -154,18 +154,22 @@ def _due(state: pa.Table, now_us: int) -> pa.ChunkedArray:
 
 def _stamped(rows: pa.Table, now_us: int, ledger_version: int) -> pa.Table:
     """State rows as the fold outputs them untouched: this sweep's ledger version and time."""
-    n = rows.num_rows
-    rows = rows.set_column(
-        rows.schema.get_field_index("ledger_version"),
-        "ledger_version",
-        pa.array([ledger_version] * n, pa.int64()),
-    )
-    rows = rows.set_column(
-        rows.schema.get_field_index("swept_at"),
-        "swept_at",
-        pa.array([now_us] * n, pa.int64()).cast(_TS),
-    )
-    return rows.append_column("swept_timeout", pa.array([False] * n, pa.bool_()))
+    for name, values in _stamps(rows.num_rows, now_us, ledger_version).items():
+        index = rows.schema.get_field_index(name)
+        rows = (
+            rows.set_column(index, name, values) if index >= 0 else rows.append_column(name, values)
+        )
+    return rows
+
+
+def _stamps(n: int, now_us: int, ledger_version: int) -> dict[str, pa.Array]:
+    """What the fold writes on each of ``n`` rows it outputs: the ledger version folded, the
+    sweep's time, and no TIMEOUT of its own (a caller with one sets ``swept_timeout``)."""
+    return {
+        "ledger_version": pa.array([ledger_version] * n, pa.int64()),
+        "swept_at": pa.array([now_us] * n, pa.int64()).cast(_TS),
+        "swept_timeout": pa.array([False] * n, pa.bool_()),
+    }
 
 
 def _deliveries(
@@ -264,8 +268,7 @@ def _deliveries(
         "timeouts": pc.add(timeouts, pc.cast(swept, pa.int32())),
         "published_at": pc.if_else(has_state, rows["s_published_at"], rows["m_published_at"]),
         "topic_version": pc.if_else(has_state, rows["s_topic_version"], rows["m_topic_version"]),
-        "ledger_version": pa.array([ledger_version] * n, pa.int64()),
-        "swept_at": pa.array([now_us] * n, pa.int64()).cast(_TS),
+        **_stamps(n, now_us, ledger_version),
         "swept_timeout": swept,
     }
     return pa.table(columns_out).cast(FOLD_OUTPUT_SCHEMA)
@@ -303,9 +306,7 @@ def _arrivals(
         "timeouts": zero,
         "published_at": rows["published_at"],
         "topic_version": rows["topic_version"],
-        "ledger_version": pa.array([ledger_version] * n, pa.int64()),
-        "swept_at": pa.array([now_us] * n, pa.int64()).cast(_TS),
-        "swept_timeout": pa.array([False] * n, pa.bool_()),
+        **_stamps(n, now_us, ledger_version),
     }
     return pa.table(columns_out).cast(FOLD_OUTPUT_SCHEMA)
 
