@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
@@ -82,9 +83,12 @@ COMMIT_THREADS = 8
 LOCAL_FOLD_MAX_ROWS = 20_000
 # On a local master the Spark job runs on this machine's cores anyway, at several times the
 # driver's cost (a consumed backlog of 1,000,000 messages: ~60 s of both cores in Spark, ~5 s
-# of one on the driver with queue_engine.quick_fold), so the driver folds up to this many rows;
-# the bound is the driver's memory (~0.5 KB a row at the fold's peak).
+# of one on the driver with queue_engine.quick_fold), so the driver folds up to this many rows,
+# fewer where half the memory available holds fewer (FOLD_PEAK_BYTES_PER_ROW).
 LOCAL_MASTER_FOLD_MAX_ROWS = 4_000_000
+# The driver's memory a fold input row takes at the fold's peak (bench: 1,000,000 state rows
+# and 2,000,000 ledger rows peaked at ~1.5 GB).
+FOLD_PEAK_BYTES_PER_ROW = 512
 # A repeating sweep (``pace_backlog``) refolds a channel whose only change is new messages (no
 # ledger event, nothing due) once its last sweep is this many times that sweep's duration old,
 # when that sweep took at least BACKLOG_PACE_MIN_S. A backlog of unconsumed messages is read
@@ -128,9 +132,16 @@ class SweepReport:
     retention: RetentionReport | None = None
 
 
-def driver_fold_rows(local_master: bool) -> int:
-    """How many input rows a sweep folds on the driver rather than in a Spark job."""
-    return LOCAL_MASTER_FOLD_MAX_ROWS if local_master else LOCAL_FOLD_MAX_ROWS
+def driver_fold_rows(local_master: bool, available_bytes: int | None = None) -> int:
+    """How many input rows a sweep folds on the driver rather than in a Spark job: on a local
+    master, as many as half the memory available now holds at the fold's peak, up to
+    LOCAL_MASTER_FOLD_MAX_ROWS (never fewer than a cluster's LOCAL_FOLD_MAX_ROWS)."""
+    if not local_master:
+        return LOCAL_FOLD_MAX_ROWS
+    if available_bytes is None:
+        available_bytes = int(psutil.virtual_memory().available)
+    fits = available_bytes // (2 * FOLD_PEAK_BYTES_PER_ROW)
+    return max(LOCAL_FOLD_MAX_ROWS, min(LOCAL_MASTER_FOLD_MAX_ROWS, fits))
 
 
 def _local_master(spark: SparkSession | LazySession) -> bool:

@@ -22,7 +22,15 @@ from pyspark.sql import SparkSession
 
 from bench.synthetic import register, write_deliveries, write_messages
 from queue_engine.spark import sweep as sweep_module
-from queue_engine.spark.sweep import BACKLOG_PACE_FACTOR, LOCAL_FOLD_MAX_ROWS, plan, sweep
+from queue_engine.spark.sweep import (
+    BACKLOG_PACE_FACTOR,
+    FOLD_PEAK_BYTES_PER_ROW,
+    LOCAL_FOLD_MAX_ROWS,
+    LOCAL_MASTER_FOLD_MAX_ROWS,
+    driver_fold_rows,
+    plan,
+    sweep,
+)
 from queue_engine.spark.views import register_views
 from queue_engine.state_fold import FINISHED
 from queue_engine.store.tables import LEDGER_SCHEMA, Warehouse, read_meta
@@ -108,6 +116,14 @@ def test_spark_sweep_agrees_with_the_python_fold(
 FOLD_PATHS = pytest.mark.parametrize(
     ("local_max_rows", "folded_on"), [(0, "spark"), (LOCAL_FOLD_MAX_ROWS, "driver")]
 )
+
+
+def test_the_driver_folds_what_half_the_available_memory_holds_on_a_local_master() -> None:
+    gib = 2**30
+    assert driver_fold_rows(False, available_bytes=64 * gib) == LOCAL_FOLD_MAX_ROWS
+    assert driver_fold_rows(True, available_bytes=64 * gib) == LOCAL_MASTER_FOLD_MAX_ROWS
+    assert driver_fold_rows(True, available_bytes=gib) == gib // (2 * FOLD_PEAK_BYTES_PER_ROW)
+    assert driver_fold_rows(True, available_bytes=0) == LOCAL_FOLD_MAX_ROWS
 
 
 def test_a_local_master_folds_a_consumed_backlog_on_the_driver_as_spark_would(
