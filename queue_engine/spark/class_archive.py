@@ -79,7 +79,10 @@ def archive_path() -> Path | None:
             # The JDK's own record of its version: a java behind a shim is told apart too.
             key.update((home / "release").read_bytes())
         for jar in sorted(jars.iterdir()):
-            key.update(f"{jar.name}\0{jar.stat().st_size}\0".encode())
+            # Its time too: a JVM maps an archive only if every jar on its class path has the
+            # time it had at the dump, so pyspark reinstalled in place needs a new archive.
+            st = jar.stat()
+            key.update(f"{jar.name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
         cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     except (OSError, RuntimeError):
         return None

@@ -76,3 +76,23 @@ def test_off_or_unusable_means_no_options_and_no_error(
     blocked.write_text("not a directory")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
     assert class_archive.java_options() == ""
+
+
+def test_a_reinstalled_pyspark_gets_an_archive_of_its_own(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same jars written again (same names and sizes, new times, as a reinstall leaves
+    them): the JVM would not map the archive dumped against the old ones, so the key moves."""
+    import pyspark
+
+    jars = tmp_path / "pyspark" / "jars"
+    jars.mkdir(parents=True)
+    jar = jars / "spark-core.jar"
+    jar.write_bytes(b"x" * 100)
+    monkeypatch.setattr(pyspark, "__file__", str(jars.parent / "__init__.py"))
+    before = class_archive.archive_path()
+    assert before is not None and before == class_archive.archive_path()
+    stat = jar.stat()
+    os.utime(jar, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    after = class_archive.archive_path()
+    assert after is not None and after != before and after.parent == before.parent
