@@ -363,16 +363,15 @@ def _with_base(joined: pa.Table, state: pa.Table | None, messages: pa.Table | No
     where there is none. A candidate with more than one of either is dropped (left to the
     full fold)."""
     ids = joined["id"].combine_chunks()
-    state_cols = ["status", "attempts", "deliver_at", "requeues", "timeouts", "published_at"]
-    state_cols.append("topic_version")
+    both = ["deliver_at", "published_at", "topic_version"]  # columns both kinds of row have
     for name, table, cols in (
-        ("s", state, state_cols),
-        ("m", messages, ["deliver_at", "published_at", "topic_version"]),
+        ("s", state, ["status", "attempts", "requeues", "timeouts", *both]),
+        ("m", messages, both),
     ):
         if table is None or not table.num_rows:
             base = pa.table(
                 {"id": pa.array([], pa.string())}
-                | {f"{name}_{c}": pa.array([], _type(c)) for c in cols}
+                | {f"{name}_{c}": pa.array([], STATE_SCHEMA.field(c).type) for c in cols}
             )
         else:
             base = table.filter(pc.is_in(table["id"], value_set=ids)).select(["id", *cols])
@@ -383,13 +382,3 @@ def _with_base(joined: pa.Table, state: pa.Table | None, messages: pa.Table | No
     counts = joined.group_by("id").aggregate([("id", "count")])
     single = counts.filter(pc.equal(counts["id_count"], 1))["id"]
     return joined.filter(pc.is_in(joined["id"], value_set=single.combine_chunks()))
-
-
-def _type(column: str) -> pa.DataType:
-    return {
-        "status": pa.string(),
-        "attempts": pa.int32(),
-        "requeues": pa.int32(),
-        "timeouts": pa.int32(),
-        "topic_version": pa.int64(),
-    }.get(column, _TS)
