@@ -363,10 +363,10 @@ def _with_base(joined: pa.Table, state: pa.Table | None, messages: pa.Table | No
     where there is none. A candidate with more than one of either is dropped (left to the
     full fold)."""
     ids = joined["id"].combine_chunks()
-    both = ["deliver_at", "published_at", "topic_version"]  # columns both kinds of row have
+    common = ["deliver_at", "published_at", "topic_version"]  # columns both kinds of row have
     for name, table, cols in (
-        ("s", state, ["status", "attempts", "requeues", "timeouts", *both]),
-        ("m", messages, both),
+        ("s", state, ["status", "attempts", "requeues", "timeouts", *common]),
+        ("m", messages, common),
     ):
         if table is None or not table.num_rows:
             base = pa.table(
