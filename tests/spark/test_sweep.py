@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -132,8 +133,6 @@ def test_a_local_master_folds_a_consumed_backlog_on_the_driver_as_spark_would(
     """Past LOCAL_FOLD_MAX_ROWS rows, a sweep on a local master still folds on the driver (a
     Spark job would run on the same cores at several times the cost), and its state and
     TIMEOUTs are the Spark job's for the same warehouse at the same time."""
-    import shutil
-
     wh = Warehouse(str(tmp_path / "driver"))
     register(wh, "t", "c")
     n = LOCAL_FOLD_MAX_ROWS + 5_000
