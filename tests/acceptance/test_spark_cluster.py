@@ -5,6 +5,7 @@ by tasks on the executors. Exactly once across kill -9 of the driver and of the 
 
 from __future__ import annotations
 
+import shlex
 import signal
 import subprocess
 import sys
@@ -118,18 +119,11 @@ def test_fanout_and_sweep_run_on_the_cluster_exactly_once_across_kill_9_of_worke
     assert "topic rows read by tasks on the executors" in log.read_text()
     assert "channel tables written with format(deltaq)" in log.read_text()
 
-    # spark-submit of the sweep as the docs say: delta-spark's jars with --packages (from
-    # Ivy's cache).
+    # docs/deploy.md's cron line, as written but for the cluster's master and the warehouse:
+    # spark-submit of the sweep with delta-spark's jars from --packages (Ivy's cache).
     sweep_log = tmp_path / "sweep.log"
-    sweep_args = [
-        "--master",
-        cluster.url,
-        "--packages",
-        delta_spark_package(),
-        str(ROOT / "jobs" / "sweep.py"),
-        "--warehouse",
-        root,
-    ]
+    sweep_args = cron_sweep_args((ROOT / "docs" / "deploy.md").read_text(), cluster.url, root)
+    assert delta_spark_package() in sweep_args  # the coordinate deltaq installs, not a stale one
     sweep = driver(sweep_args, env, sweep_log, submit=True)
     assert sweep.wait(240) == 0, sweep_log.read_text()[-3000:]
     assert "swept 1 channels" in sweep_log.read_text()
@@ -139,6 +133,18 @@ def test_fanout_and_sweep_run_on_the_cluster_exactly_once_across_kill_9_of_worke
     assert {"deltaq-fanout", "deltaq-sweep"} <= names, names
     executor_logs = list(cluster.workdir.glob("worker-*/app-*/*/stderr"))
     assert len(executor_logs) >= 3, executor_logs
+
+
+def cron_sweep_args(doc: str, master: str, warehouse: str) -> list[str]:
+    """spark-submit's arguments in the crontab line of ``doc``, with its example master and
+    warehouse replaced."""
+    [line] = [ln for ln in doc.splitlines() if ln.startswith("*/1 * * * * spark-submit ")]
+    command = line.split(maxsplit=5)[5]
+    command = command.replace("spark://master:7077", master)
+    command = command.replace("s3://my-bucket/deltaq", warehouse)
+    args = shlex.split(command)
+    assert args[0] == "spark-submit" and "jobs/sweep.py" in args, line
+    return args[1:]
 
 
 def _wait_for_rows(
