@@ -29,11 +29,7 @@ from typing import Annotated, Any
 import msgspec
 import orjson
 import pyarrow as pa
-import sqlglot
-from sqlglot import exp
-from sqlglot.errors import SqlglotError
 
-from queue_engine.channel_filter import sqlglot_reason
 from queue_engine.errors import ErrorCode, QueueError
 
 MAX_SCHEMA_CHARS = 16_384
@@ -76,23 +72,21 @@ class _Type:
     wanted: str
 
 
-_TYPES: dict[Any, _Type] = {
-    exp.DataType.Type.TEXT: _Type("STRING", pa.string(), str, "a string"),
-    exp.DataType.Type.BOOLEAN: _Type("BOOLEAN", pa.bool_(), bool, "true or false"),
-    exp.DataType.Type.INT: _Type(
-        "INT", pa.int32(), _INT32, "an integer from -2147483648 to 2147483647"
-    ),
-    exp.DataType.Type.BIGINT: _Type("BIGINT", pa.int64(), _INT64, "an integer within 64 bits"),
-    exp.DataType.Type.DOUBLE: _Type("DOUBLE", pa.float64(), float, "a number"),
-    exp.DataType.Type.DATE: _Type("DATE", pa.date32(), date, "a date as 2026-01-31"),
-    exp.DataType.Type.TIMESTAMPTZ: _Type(
+# The field types taken, by their name in Spark DDL.
+TYPES: dict[str, _Type] = {
+    "STRING": _Type("STRING", pa.string(), str, "a string"),
+    "BOOLEAN": _Type("BOOLEAN", pa.bool_(), bool, "true or false"),
+    "INT": _Type("INT", pa.int32(), _INT32, "an integer from -2147483648 to 2147483647"),
+    "BIGINT": _Type("BIGINT", pa.int64(), _INT64, "an integer within 64 bits"),
+    "DOUBLE": _Type("DOUBLE", pa.float64(), float, "a number"),
+    "DATE": _Type("DATE", pa.date32(), date, "a date as 2026-01-31"),
+    "TIMESTAMP": _Type(
         "TIMESTAMP",
         pa.timestamp("us", tz="UTC"),
         _INSTANT,
         "an RFC 3339 time with its zone, as 2026-01-31T12:00:00Z or 2026-01-31 12:00:00.5+01:00",
     ),
 }
-_TYPE_NAMES = ", ".join(t.ddl for t in _TYPES.values())
 
 
 @dataclass(frozen=True)
@@ -366,67 +360,11 @@ def parse_schema(text: str) -> TopicSchema:
         raise QueueError(ErrorCode.INVALID_SCHEMA, "empty: name at least one field")
     if len(text) > MAX_SCHEMA_CHARS:
         raise QueueError(ErrorCode.INVALID_SCHEMA, f"over {MAX_SCHEMA_CHARS} characters")
-    try:
-        tree = sqlglot.parse_one(f"CREATE TABLE t ({text})", read="spark")
-    except SqlglotError as exc:
-        # The wrapper above is not the user's text.
-        first = sqlglot_reason(exc).replace("CREATE TABLE t (", "", 1)
-        raise QueueError(ErrorCode.INVALID_SCHEMA, f"not Spark DDL: {first}") from exc
-    except RecursionError as exc:
-        raise QueueError(ErrorCode.INVALID_SCHEMA, "nested too deeply") from exc
-    if not (
-        isinstance(tree, exp.Create)
-        and isinstance(tree.this, exp.Schema)
-        and not any(v for k, v in tree.args.items() if k not in ("this", "kind"))
-    ):
-        raise QueueError(ErrorCode.INVALID_SCHEMA, "a list of fields: name TYPE, ...")
-    fields: list[SchemaField] = []
-    seen: set[str] = set()
-    for column in tree.this.expressions:
-        if not isinstance(column, exp.ColumnDef) or column.args.get("kind") is None:
-            raise QueueError(
-                ErrorCode.INVALID_SCHEMA, f"{column.sql(dialect='spark')!r}: name TYPE"
-            )
-        fields.append(_field(column))
-        key = fields[-1].name.lower()
-        if key in seen:
-            raise QueueError(ErrorCode.INVALID_SCHEMA, f"field {fields[-1].name} twice")
-        seen.add(key)
-    if len(fields) > MAX_FIELDS:
-        raise QueueError(ErrorCode.INVALID_SCHEMA, f"over {MAX_FIELDS} fields")
-    return TopicSchema(tuple(fields))
+    # The parser is imported by the first schema: sqlglot is ~12 MiB of a serving process,
+    # which a warehouse without typed topics or filters never needs.
+    from queue_engine.schema_ddl import parse_fields
 
-
-def _field(column: exp.ColumnDef) -> SchemaField:
-    name = column.name
-    if not _NAME.fullmatch(name):
-        raise QueueError(
-            ErrorCode.INVALID_SCHEMA,
-            f"field {name!r}: a name is 1-128 of letters, digits and _, not starting with a digit",
-        )
-    if name.lower() in RESERVED:
-        raise QueueError(
-            ErrorCode.INVALID_SCHEMA, f"field {name!r}: the tables' own column (rename the field)"
-        )
-    kind = column.args["kind"]
-    spec = _TYPES.get(kind.this)
-    if spec is None or kind.expressions:
-        raise QueueError(
-            ErrorCode.INVALID_SCHEMA,
-            f"field {name}: type {kind.sql(dialect='spark')} is not taken (taken: {_TYPE_NAMES})",
-        )
-    not_null = False
-    for constraint in column.args.get("constraints") or []:
-        what = constraint.args.get("kind")
-        if isinstance(what, exp.NotNullColumnConstraint):
-            not_null = not what.args.get("allow_null")  # NULL: nullable, as without it
-        elif not isinstance(what, exp.CommentColumnConstraint):
-            raise QueueError(
-                ErrorCode.INVALID_SCHEMA,
-                f"field {name}: {constraint.sql(dialect='spark')!r} is not taken "
-                "(NOT NULL and COMMENT are)",
-            )
-    return SchemaField(name, spec, not_null)
+    return TopicSchema(parse_fields(text))
 
 
 def evolve(old: TopicSchema | None, new: TopicSchema) -> None:

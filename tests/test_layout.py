@@ -124,3 +124,26 @@ def test_a_commands_start_loads_no_pyarrow() -> None:
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_the_serving_process_loads_sqlglot_only_for_a_schema_or_a_filter() -> None:
+    """sqlglot (~12 MiB resident) parses typed topics' schemas and channel filters only: an API
+    process whose warehouse has neither never imports it (queue_engine.filter_sql,
+    queue_engine.schema_ddl)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, api.app, api.server, queue_engine.broker, queue_engine.fanout\n"
+        "from queue_engine.channel_filter import compile_filter\n"
+        "from queue_engine.topic_schema import parse_schema\n"
+        "print('sqlglot' in sys.modules)\n"
+        "parse_schema('sku STRING')\n"
+        "print('sqlglot' in sys.modules)\n"
+        "compile_filter('id = \\'a\\'')\n"
+        "print('queue_engine.filter_sql' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["False", "True", "True"], done.stdout + done.stderr
