@@ -162,6 +162,17 @@ class TopicSchema:
                 rows.append(decode(body))
             except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
                 rows.append(self._fitting_part(body))
+        # An instant msgspec takes and no column holds (before year 1 or after 9999 in UTC),
+        # which Arrow would keep as a timestamp no reader can convert: that row's fitting part.
+        for field, get in zip(self.fields, self._getters, strict=True):
+            if field.type.ddl != "TIMESTAMP":
+                continue
+            values = list(map(get, rows))
+            if _EDGE_YEARS.isdisjoint(map(_year, filter(None, values))):
+                continue
+            for i, value in enumerate(values):
+                if value is not None and value.year in _EDGE_YEARS and _outside(field, value):
+                    rows[i] = self._fitting_part(bodies[i])
         return rows
 
     def lenient_columns(self, bodies: Sequence[bytes]) -> list[pa.Array]:

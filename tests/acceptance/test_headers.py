@@ -163,6 +163,10 @@ def test_a_bad_envelope_is_named_and_publishes_nothing(
     assert r.status_code == 400, r.text
     assert r.json()["message"] == "INVALID_ENVELOPE"
     assert reason in r.json()["reason"]
+    # As nsqd checks a body before it creates the topic: no topic (null, as nsqd's /stats
+    # answers for a topic it does not have), so no message either.
+    stats = http.get("/stats", params={"format": "json", "topic": topic}).json()
+    assert stats["topics"] is None
 
 
 @pytest.mark.parametrize(

@@ -89,7 +89,8 @@ class TcpConsumer(threading.Thread):
         super().__init__(daemon=True)
         self.port, self.topic, self.channel = port, topic, channel
         self.stop = threading.Event()
-        self.finished = 0
+        # Bodies delivered and FIN'd (a FIN has no answer: it may not hold across a cut).
+        self.delivered: set[bytes] = set()
 
     def run(self) -> None:
         try:
@@ -107,7 +108,7 @@ class TcpConsumer(threading.Thread):
                     s.sendall(b"NOP\n")
                 elif kind == 2:
                     s.sendall(b"FIN " + data[10:26] + b"\n")
-                    self.finished += 1
+                    self.delivered.add(data[26:])  # after timestamp, attempts and id
         except OSError:
             return
 
@@ -140,6 +141,7 @@ def cut_up_and_check(disk: power_cut.PowerCutDisk, tmp_path: Path, *, ack: str, 
     up.start()
     acked: list[bytes] = []
     finished: set[bytes] = set()
+    tcp_delivered: set[bytes] = set()
     channel_table = warehouse / "channels" / "cut" / "c" / "messages"
     try:
         with httpx.Client(base_url=up.url, timeout=10) as c:
@@ -168,6 +170,8 @@ def cut_up_and_check(disk: power_cut.PowerCutDisk, tmp_path: Path, *, ack: str, 
             disk.cut(up.process.pid)
             load.halt()
             tcp.stop.set()
+            tcp.join(10)
+            tcp_delivered |= tcp.delivered
             acked += load.acked
             finished |= load.finished
             assert load.acked, f"round {round_}: nothing was acknowledged before the cut"
@@ -195,5 +199,7 @@ def cut_up_and_check(disk: power_cut.PowerCutDisk, tmp_path: Path, *, ack: str, 
                     assert answer(c, "fin", "cut", "c", *got).text == "OK"
             assert finished, "no /fin was answered before the cuts"
             assert sorted(finished & set(again)) == []
+            # ... and the drain ran: every message was delivered, before the cuts or after.
+            assert sorted(set(topic) - finished - tcp_delivered - set(again)) == []
     finally:
         up.stop()

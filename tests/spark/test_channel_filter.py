@@ -156,7 +156,8 @@ def test_random_filters_keep_the_rows_spark_keeps(spark: SparkSession) -> None:
     rows = _rows(rng, 300)
     filters = [_condition(rng) for _ in range(300)]
     # Every filter at once, in one Spark job: a boolean column each (null where Spark's WHERE
-    # would drop the row as well).
+    # would drop the row as well), for the filter as deltaq writes it back (what Spark's
+    # writer path runs) and as the user wrote it (what the filter means in Spark).
     data = [
         {**r, "headers": None if r["headers"] is None else dict(r["headers"])}
         for r in rows.to_pylist()
@@ -168,11 +169,13 @@ def test_random_filters_keep_the_rows_spark_keeps(spark: SparkSession) -> None:
             F.expr(compile_filter(f, FIELDS).spark_sql).alias(f"f{i}")
             for i, f in enumerate(filters)
         ),
+        *(F.expr(f).alias(f"raw{i}") for i, f in enumerate(filters)),
     ).collect()
     for i, text in enumerate(filters):
         by_spark = sorted(r["id"] for r in verdicts if r[f"f{i}"] is True)
+        as_written = sorted(r["id"] for r in verdicts if r[f"raw{i}"] is True)
         by_arrow = sorted(rows.filter(compile_filter(text, FIELDS).arrow)["id"].to_pylist())
-        assert by_arrow == by_spark, text
+        assert by_arrow == by_spark == as_written, text
 
     # A channel's filters over its topic versions: the loop's condition and the one Spark's
     # writer path runs.
