@@ -35,6 +35,17 @@ def fanout(spark: SparkSession, warehouse: Path) -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
+def fanout_loop(warehouse: Path) -> Iterator[None]:
+    """The fanout ``deltaq up`` runs on one machine (the loop: Spark's checkpoint and
+    micro-batches without Spark) in this process, for the whole module. Modules whose subject
+    is the API's behaviour take this one; Spark's own query (``fanout``) runs the modules about
+    the Spark jobs and tests/spark/test_fanout.py, where both are held to the same rules."""
+    loop = FanoutLoop(Warehouse(str(warehouse)), once=False).start()
+    yield
+    loop.stop()
+
+
+@pytest.fixture(scope="module")
 def loop_served(warehouse: Path) -> Iterator[Server]:
     """A server with the fanout ``deltaq up`` runs on one machine (the loop, without Spark) in
     this process, for the whole module: a module's ``server`` fixture may return it."""

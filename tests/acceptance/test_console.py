@@ -21,7 +21,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.fixture(scope="module")
-def server(warehouse: Path, fanout: None) -> Iterator[Server]:
+def server(warehouse: Path, fanout_loop: None) -> Iterator[Server]:
     s = Server(warehouse).start()
     yield s
     s.stop()

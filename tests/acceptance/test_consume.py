@@ -1,4 +1,5 @@
-"""Consumers end to end: a real server, the fanout stream on local Spark, real HTTP clients."""
+"""Consumers end to end: a real server, the fanout `deltaq up` runs on one machine, real HTTP
+clients."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from tests.consumers import answer, body, channel_stats, create_channel, sub
 
 
 @pytest.fixture(scope="module")
-def server(warehouse: Path, fanout: None) -> Iterator[Server]:
+def server(warehouse: Path, fanout_loop: None) -> Iterator[Server]:
     s = Server(warehouse, env={"DELTAQ_MAX_REQ_TIMEOUT_MS": "5000"}).start()
     yield s
     s.stop()

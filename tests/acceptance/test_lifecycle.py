@@ -23,7 +23,7 @@ from tests.consumers import answer, body, channel_stats, create_channel, sub, su
 
 
 @pytest.fixture(scope="module")
-def server(warehouse: Path, fanout: None) -> Iterator[Server]:
+def server(warehouse: Path, fanout_loop: None) -> Iterator[Server]:
     s = Server(warehouse, env={"DELTAQ_MSG_TIMEOUT_MS": "60000"}).start()
     # A message through the fanout first: its first micro-batches take seconds, longer than
     # the TTLs some tests give theirs, whichever test runs first.

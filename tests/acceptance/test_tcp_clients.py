@@ -34,7 +34,7 @@ def ca() -> trustme.CA:
 
 @pytest.fixture(scope="module")
 def server(
-    warehouse: Path, fanout: None, ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory
+    warehouse: Path, fanout_loop: None, ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
     certs = tmp_path_factory.mktemp("certs")
     issued = ca.issue_cert("127.0.0.1")

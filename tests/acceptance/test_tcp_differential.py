@@ -154,7 +154,7 @@ def nsqd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nsqd]:
 
 
 @pytest.fixture(scope="module")
-def server(warehouse: Path, fanout: None) -> Iterator[Server]:
+def server(warehouse: Path, fanout_loop: None) -> Iterator[Server]:
     # nsqd's hour for DPUB and REQ (deltaq's default allows a week).
     server = Server(warehouse, env={"DELTAQ_MAX_REQ_TIMEOUT_MS": "3600000"}).start()
     yield server

@@ -20,7 +20,7 @@ from tests.nsq_wire import Wire, identify, sized
 
 
 @pytest.fixture(scope="module")
-def server(warehouse: Path, fanout: None) -> Iterator[Server]:
+def server(warehouse: Path, fanout_loop: None) -> Iterator[Server]:
     server = Server(warehouse, env={"DELTAQ_MSG_TIMEOUT_MS": "2000"}).start()
     yield server
     server.stop()
