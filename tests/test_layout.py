@@ -147,3 +147,20 @@ def test_the_serving_process_loads_sqlglot_only_for_a_schema_or_a_filter() -> No
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert done.stdout.split() == ["False", "True", "True"], done.stdout + done.stderr
+
+
+def test_spark_python_workers_load_the_data_source_without_pandas() -> None:
+    """Spark starts a Python process to create, plan and read each format("deltaq") query;
+    importing the data source must not import pyarrow.dataset, which imports pandas (~0.3 s
+    of each such process, measured)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, queue_engine.spark.source\n"
+        "print(sorted(m for m in ('pandas', 'pyarrow.dataset') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 import os
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.schema import Field as DeltaField
@@ -17,6 +17,11 @@ from queue_engine.store.delta.table_features import TableRefusedError
 from queue_engine.store.delta.torn_tail import repair_once
 from queue_engine.store.storage.fs_sync import sync_commits, sync_created
 from queue_engine.store.storage.paths import is_remote
+
+if TYPE_CHECKING:
+    # Only named: importing pyarrow.dataset imports pandas where it is installed (~0.3 s and
+    # ~50 MiB), which a Spark Python worker planning a read of format("deltaq") never needs.
+    import pyarrow.dataset as ds
 
 log = logging.getLogger(__name__)
 
