@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -189,6 +190,19 @@ def test_random_filters_keep_the_rows_spark_keeps(spark: SparkSession) -> None:
     assert sql is not None
     by_spark = sorted(r["id"] for r in df.filter(F.expr(sql)).select("id").collect())
     assert by_arrow == [r for r in by_spark] and by_arrow
+    # Each row under the filter in force at its topic version: the last one recorded at a
+    # version below it (none before the first: every row).
+    kept = {
+        text: set(rows.filter(compile_filter(text, FIELDS).arrow)["id"].to_pylist())
+        for _, text in channel.filters
+        if text is not None
+    }
+
+    def taken(row: dict[str, Any]) -> bool:
+        in_force = [text for start, text in channel.filters if start < row["topic_version"]]
+        return not in_force or in_force[-1] is None or row["id"] in kept[in_force[-1]]
+
+    assert by_arrow == sorted(r["id"] for r in rows.to_pylist() if taken(r))
 
 
 @pytest.mark.parametrize(
