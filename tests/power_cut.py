@@ -163,6 +163,8 @@ class Load:
         self.acked: list[bytes] = []  # bodies whose publish was answered OK
         self.new_topics: dict[str, list[bytes]] = {}
         self.finished: set[bytes] = set()  # bodies whose HTTP /fin was answered OK
+        # Bodies /sub handed out (a /fin the cut interrupted may have been committed).
+        self.delivered: set[bytes] = set()
         self.threads = [
             threading.Thread(target=self._http_pub, args=(n,), daemon=True) for n in range(3)
         ]
@@ -260,6 +262,8 @@ class Load:
             while not self.stop.is_set():
                 try:
                     got = sub(c, self.topic, self.channel, max=20, wait_ms=200)
+                    with self.lock:
+                        self.delivered.update(body(m) for m in got)
                     if got and answer(c, "fin", self.topic, self.channel, *got).text == "OK":
                         with self.lock:
                             self.finished.update(body(m) for m in got)
