@@ -107,8 +107,8 @@ class TcpConsumer(threading.Thread):
                 if kind == 0 and data == b"_heartbeat_":
                     s.sendall(b"NOP\n")
                 elif kind == 2:
-                    s.sendall(b"FIN " + data[10:26] + b"\n")
                     self.delivered.add(data[26:])  # after timestamp, attempts and id
+                    s.sendall(b"FIN " + data[10:26] + b"\n")
         except OSError:
             return
 
