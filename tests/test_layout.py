@@ -110,30 +110,33 @@ def test_no_name_a_store_package_offers_is_also_one_of_its_files() -> None:
     assert clashes == []
 
 
-def test_a_commands_start_loads_no_pyarrow() -> None:
-    """Every deltaq command imports this before the serving process leaves pandas and numpy
-    out of what pyarrow loads (queue_engine.process_memory): pyarrow must not come first."""
+def fresh_interpreter(probe: str) -> str:
+    """What ``probe`` prints, run by a new interpreter from the project's root (its warnings
+    and errors not included: a failing probe raises with them)."""
     import subprocess
     import sys
 
-    probe = (
-        "import sys, deltaq.cli, jobs.command\n"
-        "print(sorted(m for m in ('pyarrow', 'pandas', 'numpy', 'deltalake') if m in sys.modules))"
-    )
     done = subprocess.run(
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
     )
-    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+    return done.stdout
+
+
+def test_a_commands_start_loads_no_pyarrow() -> None:
+    """Every deltaq command imports this before the serving process leaves pandas and numpy
+    out of what pyarrow loads (queue_engine.process_memory): pyarrow must not come first."""
+    out = fresh_interpreter(
+        "import sys, deltaq.cli, jobs.command\n"
+        "print(sorted(m for m in ('pyarrow', 'pandas', 'numpy', 'deltalake') if m in sys.modules))"
+    )
+    assert out.strip() == "[]", out
 
 
 def test_the_serving_process_loads_sqlglot_only_for_a_schema_or_a_filter() -> None:
     """sqlglot (~12 MiB resident) parses typed topics' schemas and channel filters only: an API
     process whose warehouse has neither never imports it (queue_engine.filter_sql,
     queue_engine.schema_ddl)."""
-    import subprocess
-    import sys
-
-    probe = (
+    out = fresh_interpreter(
         "import sys, api.app, api.server, queue_engine.broker, queue_engine.fanout\n"
         "from queue_engine.channel_filter import compile_filter\n"
         "from queue_engine.topic_schema import parse_schema\n"
@@ -143,24 +146,15 @@ def test_the_serving_process_loads_sqlglot_only_for_a_schema_or_a_filter() -> No
         "compile_filter('id = \\'a\\'')\n"
         "print('queue_engine.filter_sql' in sys.modules)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
-    )
-    assert done.stdout.split() == ["False", "True", "True"], done.stdout + done.stderr
+    assert out.split() == ["False", "True", "True"], out
 
 
 def test_spark_python_workers_load_the_data_source_without_pandas() -> None:
     """Spark starts a Python process to create, plan and read each format("deltaq") query;
     importing the data source must not import pyarrow.dataset, which imports pandas (~0.3 s
     of each such process, measured)."""
-    import subprocess
-    import sys
-
-    probe = (
+    out = fresh_interpreter(
         "import sys, queue_engine.spark.source\n"
         "print(sorted(m for m in ('pandas', 'pyarrow.dataset') if m in sys.modules))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
-    )
-    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+    assert out.strip() == "[]", out
