@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Annotated, Any
@@ -162,17 +162,10 @@ class TopicSchema:
                 rows.append(decode(body))
             except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
                 rows.append(self._fitting_part(body))
-        # An instant msgspec takes and no column holds (before year 1 or after 9999 in UTC),
-        # which Arrow would keep as a timestamp no reader can convert: that row's fitting part.
-        for field, get in zip(self.fields, self._getters, strict=True):
-            if field.type.ddl != "TIMESTAMP":
-                continue
-            values = list(map(get, rows))
-            if _EDGE_YEARS.isdisjoint(map(_year, filter(None, values))):
-                continue
-            for i, value in enumerate(values):
-                if value is not None and value.year in _EDGE_YEARS and _outside(field, value):
-                    rows[i] = self._fitting_part(bodies[i])
+        # Arrow would keep such an instant as a timestamp no reader can convert: that row's
+        # fitting part instead.
+        for i, _ in self._out_of_range(rows):
+            rows[i] = self._fitting_part(bodies[i])
         return rows
 
     def lenient_columns(self, bodies: Sequence[bytes]) -> list[pa.Array]:
@@ -193,20 +186,24 @@ class TopicSchema:
             rows = list(map(self._decoder.decode, bodies))  # the loop in C
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             raise self._refusal(bodies) from None
-        # What msgspec takes and a column cannot hold: an instant before year 1 or after 9999
-        # once in UTC (0001-01-01T00:00:00+01:00).
-        for field, get in zip(self.fields, self._getters, strict=True):
-            if field.type.ddl == "TIMESTAMP":
-                values = list(map(get, rows))
-                # The years gathered in C first: a row is looked at only in a batch that has
-                # an instant in year 1 or 9999.
-                if _EDGE_YEARS.isdisjoint(map(_year, filter(None, values))):
-                    continue
-                for line, value in enumerate(values, 1):
-                    if value is not None and value.year in _EDGE_YEARS and _outside(field, value):
-                        reason = f"field {field.name}: out of range"
-                        raise _refused(line, len(bodies), reason)
+        for i, field in self._out_of_range(rows):
+            raise _refused(i + 1, len(bodies), f"field {field.name}: out of range")
         return rows
+
+    def _out_of_range(self, rows: list[Any]) -> Iterator[tuple[int, SchemaField]]:
+        """(row index, field) of each value msgspec takes and a column cannot hold: an instant
+        before year 1 or after 9999 once in UTC (0001-01-01T00:00:00+01:00)."""
+        for field, get in zip(self.fields, self._getters, strict=True):
+            if field.type.ddl != "TIMESTAMP":
+                continue
+            values = list(map(get, rows))
+            # The years gathered in C first: a row is looked at only in a batch that has an
+            # instant in year 1 or 9999.
+            if _EDGE_YEARS.isdisjoint(map(_year, filter(None, values))):
+                continue
+            for i, value in enumerate(values):
+                if value is not None and value.year in _EDGE_YEARS and _outside(field, value):
+                    yield i, field
 
     def _refusal(self, bodies: Sequence[bytes]) -> QueueError:
         """INVALID_BODY for the first of ``bodies`` that does not decode: its line, field and
