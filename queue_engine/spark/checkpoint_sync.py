@@ -48,14 +48,18 @@ def sync_batch(location: str, batch_id: int) -> None:
     synced = False
     for log_name, batch in (("offsets", batch_id), ("commits", batch_id - 1)):
         directory = os.path.join(root, log_name)
+        # Each log on its own: before its first commit the commit log has no directory yet
+        # (a fanout killed in its first batch), and nothing of it needs syncing.
+        found = False
         for name in (str(batch), f".{batch}.crc"):
             try:
                 sync_file(os.path.join(directory, name))
-                synced = True
+                found = True
             except FileNotFoundError:
                 continue
-        if synced:
+        if found:
             sync_directory(directory)
+            synced = True
     if batch_id == 0 or not synced:
         # The first batch: the query's metadata and the logs' directories themselves.
         for name in ("metadata", ".metadata.crc"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from queue_engine.spark.checkpoint_sync import logged_offsets, repair_checkpoint
+from queue_engine.spark.checkpoint_sync import logged_offsets, repair_checkpoint, sync_batch
 
 METADATA = '{"batchWatermarkMs":0,"batchTimestampMs":1,"conf":{}}'
 
@@ -36,3 +36,18 @@ def test_a_torn_tail_is_set_aside_and_the_batch_before_it_kept(tmp_path: Path) -
     assert repair_checkpoint(str(tmp_path)) == [str(torn)]
     assert not torn.exists()
     assert logged_offsets(str(tmp_path), 0) == {"t": [0, 3]}
+
+
+def test_a_first_batch_logged_before_any_commit_is_synced_and_read_back(tmp_path: Path) -> None:
+    """A fanout killed in its first batch leaves ``offsets/0`` and no commit log directory at
+    all: the restart syncs what there is (and did fail on the missing directory)."""
+    (tmp_path / "metadata").write_text('{"id": "q"}')
+    _log(tmp_path, "offsets", 0, "v1", METADATA, '{"t": [0, 3]}')
+    assert not (tmp_path / "commits").exists()
+    sync_batch(str(tmp_path), 0)
+    assert repair_checkpoint(str(tmp_path)) == []
+    assert logged_offsets(str(tmp_path), 0) == {"t": [0, 3]}
+    # The same for a later batch whose predecessor's commit never reached the disk.
+    _log(tmp_path, "offsets", 1, "v1", METADATA, '{"t": [0, 5]}')
+    sync_batch(str(tmp_path), 1)
+    assert logged_offsets(str(tmp_path), 1) == {"t": [0, 5]}
