@@ -121,8 +121,9 @@ class Settings(BaseSettings):
     max_tcp_connections: int = 10_000
     # Open HTTP connections (uvicorn's limit_concurrency: one more is answered 503).
     max_http_connections: int = 10_000
-    # Serve /pub and /mpub with a plain ASGI handler instead of FastAPI's routing (same answers,
-    # about twice the requests per second). Off only to compare or to debug.
+    # Serve /pub, /mpub, /sub, /fin, /req and /touch with a plain ASGI handler instead of
+    # FastAPI's routing (same answers, about twice the requests per second). Off only to
+    # compare or to debug.
     http_fast_path: bool = True
     # nsqd's defaults.
     msg_timeout_ms: int = 60_000
@@ -145,10 +146,10 @@ class Settings(BaseSettings):
     # An expired message goes to the channel's dead-letter table (its row's last_event is
     # EXPIRE) instead of only being recorded as expired.
     expired_to_dead_letters: bool = False
-    # Retention (the sweep's upkeep, queue_engine/retention.py): a topic's rows are removed
-    # this many hours after publishing (0: kept for ever; Kafka's default is the same week),
-    # with "taken" only once every channel has taken them, with "fixed" regardless. Topics
-    # may override both.
+    # Retention (the sweep's upkeep, queue_engine/store/upkeep/retention.py): a topic's rows
+    # are removed this many hours after publishing (0: kept for ever; Kafka's default is the
+    # same week), with "taken" only once every channel has taken them, with "fixed"
+    # regardless. Topics may override both.
     retention_hours: float = 168.0
     retention: RetentionMode = RetentionMode.TAKEN
     # A channel's rows (messages table and ledger) are removed this long after the message
@@ -166,7 +167,7 @@ class Settings(BaseSettings):
     # The API times out expired leases itself, as nsqd's queueScanLoop does, within ~100 ms.
     # False leaves it to the sweep job (then a lease ends within one sweep interval).
     scan_leases: bool = True
-    # The sweep job (deltaq sweep --every, and deltaq up): seconds between runs.
+    # deltaq up's sweep: seconds between runs (deltaq sweep --every S takes its own S).
     sweep_interval_s: float = 10.0
     # deltaq up serves its jobs' Spark over Spark Connect on 127.0.0.1 at this port (Spark
     # Connect's own default), and deltaq sql uses it when it answers: a query then takes about
@@ -236,7 +237,7 @@ class Settings(BaseSettings):
     startup_open_budget_s: float = 10.0
     # Object storage: the store's own configuration keys (aws_endpoint_url, aws_region,
     # google_service_account, azure_storage_account_name, ...). Exported into the environment
-    # as upper-case names where not already set there (queue_engine/store/object_store.py).
+    # as upper-case names where not already set there (queue_engine/store/storage/object_store.py).
     storage_options: dict[str, str] = Field(default_factory=dict)
     # On an object store, the API holds the warehouse with a lease it renews every third of
     # this; after a kill -9 the next API waits up to this long for it to lapse.
