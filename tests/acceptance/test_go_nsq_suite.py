@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import httpx
@@ -120,16 +120,18 @@ def _wait_http(
     raise TimeoutError(f"nothing answered on {port}")
 
 
-def run_suite(binary: Path) -> dict[str, str]:
+def run_suite(binary: Path, only: Collection[str] = ()) -> tuple[dict[str, str], str]:
+    """Each test's outcome (``only``: just these tests), and the suite's output."""
+    pattern = ["-test.run", f"^({'|'.join(only)})$"] if only else []
     done = subprocess.run(
-        [str(binary), "-test.v", "-test.timeout", "90s"],
+        [str(binary), "-test.v", "-test.timeout", "90s", *pattern],
         cwd=binary.parent / "src",
         capture_output=True,
         text=True,
         timeout=180,
         check=False,
     )
-    return {name: outcome for outcome, name in RESULT.findall(done.stdout)}
+    return {name: outcome for outcome, name in RESULT.findall(done.stdout)}, done.stdout
 
 
 def test_go_nsqs_own_suite_passes_against_deltaq_as_against_nsqd(
@@ -157,11 +159,18 @@ def test_go_nsqs_own_suite_passes_against_deltaq_as_against_nsqd(
     )
     try:
         _wait_http(4151, 15, nsqd)
-        reference = run_suite(suite)
+        reference, output = run_suite(suite)
+        failed = [name for name, outcome in reference.items() if outcome == "FAIL"]
+        if failed:
+            # Some of go-nsq's tests hold nsqd to timings (heartbeats, backoff) that a machine
+            # busy with other work can miss; against nsqd itself such a failure says nothing
+            # of deltaq: those tests run once more, alone. deltaq gets no second run.
+            again, output = run_suite(suite, failed)
+            reference |= again
     finally:
         nsqd.terminate()
         nsqd.wait(10)
-    assert reference and set(reference.values()) <= {"PASS", "SKIP"}, reference
+    assert reference and set(reference.values()) <= {"PASS", "SKIP"}, (reference, output[-3000:])
 
     log_path = tmp_path / "up.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYSPARK_PYTHON": sys.executable}
@@ -194,11 +203,12 @@ def test_go_nsqs_own_suite_passes_against_deltaq_as_against_nsqd(
             assert up.poll() is None, log_path.read_text(errors="replace")[-3000:]
             assert time.monotonic() < deadline, log_path.read_text(errors="replace")[-3000:]
             time.sleep(0.2)
-        ours = run_suite(suite)
+        ours, output = run_suite(suite)
     finally:
         up.send_signal(signal.SIGINT)
         up.wait(120)
     passed_there = {name for name, outcome in reference.items() if outcome == "PASS"}
     here = {name: ours.get(name, "missing") for name in passed_there}
-    assert {name: outcome for name, outcome in here.items() if outcome != "PASS"} == {}
+    failed_here = {name: outcome for name, outcome in here.items() if outcome != "PASS"}
+    assert failed_here == {}, output[-5000:]
     assert len(passed_there) == 24
