@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -391,6 +392,39 @@ def test_fanout_killed_mid_stream_then_restarted_is_exactly_once(
     assert set(counts) == {b for b in published if int(b[1:]) % 2 == 0}
     assert max(counts.values()) == 1
     client.close()
+
+
+def test_a_fanout_killed_before_its_first_commit_entry_runs_that_batch_again_once(
+    server_factory: type[Server], tmp_path: Path
+) -> None:
+    """A kill -9 after the first batch's offsets and channel rows, before Spark's commit log
+    had an entry (or a directory): the restart runs batch 0 again, which the channel skips by
+    its txn, and goes on."""
+    wh = tmp_path / "wh"
+    server = server_factory(wh).start()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        assert c.post("/topic/create", params={"topic": "t"}).is_success
+        assert c.post("/channel/create", params={"topic": "t", "channel": "x"}).is_success
+        assert c.post("/mpub", params={"topic": "t"}, content=b"a\nb\nc").text == "OK"
+        server.topic_table("t")
+
+        def run_once() -> None:
+            loop = FanoutLoop(Warehouse(str(wh)), once=True).start()
+            assert loop.awaitTermination(120)
+            assert loop.exception() is None, loop.exception()
+
+        run_once()
+        assert channel_bodies(wh, "t", "x") == [b"a", b"b", b"c"]
+        checkpoint = wh / "_checkpoints" / "fanout"
+        assert (checkpoint / "offsets" / "0").exists()
+        shutil.rmtree(checkpoint / "commits")  # what the kill left: no commit log yet
+        run_once()
+        assert channel_bodies(wh, "t", "x") == [b"a", b"b", b"c"]
+        assert (checkpoint / "commits" / "0").exists()
+        assert c.post("/pub", params={"topic": "t"}, content=b"d").text == "OK"
+        server.topic_table("t")
+        run_once()
+        assert channel_bodies(wh, "t", "x") == [b"a", b"b", b"c", b"d"]
 
 
 def test_an_empty_checkpoint_over_fanned_out_channels_is_refused(
