@@ -65,18 +65,25 @@ TOPIC_NOTICE_TOPICS = 10_000
 
 
 def drain_linger_s(settings: Settings, warehouse_root: str) -> float:
-    """A busy topic's shortest time between commits, by where its table lives."""
+    """A busy topic's shortest time between commits while its consumers wait, by where its
+    table lives."""
     if is_remote(warehouse_root):
         return settings.object_store_drain_linger_ms / 1000
     return settings.drain_linger_ms / 1000
 
 
+def drain_unwatched_linger_s(settings: Settings, warehouse_root: str) -> float:
+    """The same for a topic no consumer waits for: never shorter."""
+    return max(drain_linger_s(settings, warehouse_root), settings.drain_unwatched_linger_ms / 1000)
+
+
 class DrainPacer:
     """How long a topic's journaled publishes may wait before their commit: at least
-    ``base_s`` after the topic's previous commit began, and longer the more topics commit, so
-    that the node makes about ``commits_per_s`` topic commits a second at most (each costs the
-    same ~1-2 ms of CPU however few messages it carries: 1,000 busy topics would otherwise
-    spend the node's CPU on commits of one message each).
+    ``unwatched_s`` after the topic's previous commit began, and longer the more topics
+    commit, so that the node makes about ``commits_per_s`` topic commits a second at most
+    (each costs the same ~1-2 ms of CPU however few messages it carries: 1,000 busy topics
+    would otherwise spend the node's CPU on commits of one message each; and its file syncs
+    slow the journal's beside it).
 
     A topic whose consumers waited for messages within ``WAITED_S`` is not paced: it commits
     every ``base_s``, ahead of the others. After a burst to many topics, one whose consumers
@@ -87,9 +94,15 @@ class DrainPacer:
     WAITED_S = 5.0
 
     def __init__(
-        self, base_s: float, commits_per_s: int, clock: Callable[[], float] = time.monotonic
+        self,
+        base_s: float,
+        commits_per_s: int,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        unwatched_s: float | None = None,
     ) -> None:
         self.base_s = base_s
+        self.unwatched_s = base_s if unwatched_s is None else max(base_s, unwatched_s)
         self.commits_per_s = max(1, commits_per_s)
         self._clock = clock
         self._last: dict[str, float] = {}
@@ -123,7 +136,7 @@ class DrainPacer:
             waited = self._waited.get(topic)
             if waited is not None and now - waited <= self.WAITED_S:
                 return self.base_s
-            return max(self.base_s, self._active / self.commits_per_s)
+            return max(self.unwatched_s, self._active / self.commits_per_s)
 
 
 @dataclass(frozen=True)
@@ -161,7 +174,9 @@ class Topics:
         # The node journal (ack = "journal"), once started.
         self.journal: Journal | None = None
         self._pacer = DrainPacer(
-            drain_linger_s(settings, warehouse.root), settings.drain_max_commits_per_s
+            drain_linger_s(settings, warehouse.root),
+            settings.drain_max_commits_per_s,
+            unwatched_s=drain_unwatched_linger_s(settings, warehouse.root),
         )
         self.closing = False
 

@@ -17,8 +17,9 @@ TOPICS = 8
 
 def test_the_pace_follows_the_busy_topics_and_a_waited_topic_is_not_paced() -> None:
     now = [100.0]
-    pacer = DrainPacer(0.05, commits_per_s=100, clock=lambda: now[0])
-    assert pacer.linger("a") == 0.05
+    pacer = DrainPacer(0.05, commits_per_s=100, clock=lambda: now[0], unwatched_s=0.25)
+    # Nobody waits for it: the longer linger.
+    assert pacer.linger("a") == 0.25
     for i in range(1000):
         pacer.linger(f"t{i}")
     now[0] += 0.6  # the busy topics are counted twice a second

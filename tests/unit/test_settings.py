@@ -53,3 +53,15 @@ def test_topics_on_an_object_store_commit_less_often() -> None:
     assert drain_linger_s(Settings(), "s3://bucket/wh") == 0.2
     tuned = Settings(drain_linger_ms=10, object_store_drain_linger_ms=1000)
     assert (drain_linger_s(tuned, "wh"), drain_linger_s(tuned, "gs://b/wh")) == (0.01, 1.0)
+
+
+def test_a_topic_nobody_waits_for_commits_less_often_never_more() -> None:
+    from queue_engine.topics import drain_unwatched_linger_s
+
+    assert drain_unwatched_linger_s(Settings(), "/var/lib/deltaq") == 0.25
+    assert drain_unwatched_linger_s(Settings(), "s3://bucket/wh") == 0.25
+    # Never shorter than a watched topic's.
+    slow = Settings(drain_linger_ms=10_000, object_store_drain_linger_ms=500)
+    assert drain_unwatched_linger_s(slow, "wh") == 10.0
+    assert drain_unwatched_linger_s(slow, "s3://bucket/wh") == 0.5
+    assert drain_unwatched_linger_s(Settings(drain_unwatched_linger_ms=0), "wh") == 0.05
