@@ -19,6 +19,7 @@ deltaq up runs as ``deltaq up --warehouse <tmp>``; its figures are the ones a us
 embedded default gets. nsqd's and NSQ's load tools come from ``../shared/tools/nsq-1.3.0``.
 
     python -m bench.up [--seconds 10] [--burst-seconds 10] [--only CASE,...] [--no-nsqd]
+        [--ack-client python|go]
 """
 
 from __future__ import annotations
@@ -223,6 +224,53 @@ def _percentiles(samples: list[float]) -> tuple[float, float, float]:
     return at(0.5), at(0.95), at(0.99)
 
 
+ACK_CLIENT = Path(__file__).parent / "ack_client"
+
+
+def build_ack_client(workdir: Path) -> Path:
+    """The Go load generator of the ack case (``bench/ack_client``, the standard library only),
+    built into ``workdir``."""
+    binary = workdir / "ack_client"
+    subprocess.run(["go", "build", "-o", str(binary), "."], cwd=ACK_CLIENT, check=True)
+    return binary
+
+
+def ack_latency_go(
+    target: tcp.Target, rate: int, seconds: float, binary: Path
+) -> tuple[float, float, float]:
+    """``ack_latency`` with the load sent by the Go client: the same schedule, without the
+    Python client's own thread switches in the figures."""
+    topic = "bench_ack"
+    post(target.http_port, f"/topic/create?topic={topic}")
+    post(target.http_port, f"/channel/create?topic={topic}&channel=c")
+    url = f"http://{HOST}:{target.http_port}/pub?topic={topic}"
+    done = subprocess.run(
+        [
+            str(binary),
+            "-url",
+            url,
+            "-rate",
+            str(rate),
+            "-c",
+            str(ACK_CONNECTIONS),
+            "-s",
+            str(seconds),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    figures = dict(part.split("=") for part in done.stdout.split())
+    p50, p95, p99 = (float(figures[k]) for k in ("p50", "p95", "p99"))
+    print(
+        f"  {target.name}: HTTP /pub ack at {rate:,} msg/s over {ACK_CONNECTIONS} connections "
+        f"(Go client): p50 {p50:.2f} / p95 {p95:.2f} / p99 {p99:.2f} ms "
+        f"({int(figures['n']):,} answers in {seconds:.0f} s)",
+        flush=True,
+    )
+    return p50, p95, p99
+
+
 def ack_latency(target: tcp.Target, rate: int, seconds: float) -> tuple[float, float, float]:
     """p50, p95, p99 ms of HTTP ``/pub`` answers at a steady ``rate`` (after 2 s unmeasured).
 
@@ -282,9 +330,11 @@ def run_target(target: tcp.Target, args: argparse.Namespace, cases: set[str]) ->
         writer_cases(target, args.seconds, figures)
     if "ack" in cases:
         for rate in (200, 1000):
-            figures[f"ack{rate}_p50"], _, figures[f"ack{rate}_p99"] = ack_latency(
-                target, rate, args.seconds
-            )
+            if args.ack_client_binary is not None:
+                measured = ack_latency_go(target, rate, args.seconds, args.ack_client_binary)
+            else:
+                measured = ack_latency(target, rate, args.seconds)
+            figures[f"ack{rate}_p50"], _, figures[f"ack{rate}_p99"] = measured
     # Delivery before the PUB cases: its quiet case must not follow their 1,000-topic load.
     if "delivered" in cases:
         figures["quiet_p50"], figures["quiet_p99"] = tcp.latency(
@@ -328,7 +378,14 @@ def main() -> int:
     parser.add_argument("--burst-seconds", type=float, default=10)
     parser.add_argument("--only", default=",".join(CASES), help=f"of {','.join(CASES)}")
     parser.add_argument("--no-nsqd", action="store_true")
+    parser.add_argument(
+        "--ack-client",
+        choices=("python", "go"),
+        default="python",
+        help="what sends the ack case's load: Python threads, or bench/ack_client (needs Go)",
+    )
     args = parser.parse_args()
+    args.ack_client_binary = None
     cases = set(args.only.split(","))
     if cases - set(CASES):
         parser.error(f"unknown cases: {sorted(cases - set(CASES))}")
@@ -338,6 +395,8 @@ def main() -> int:
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         print(f"file create: {file_create_us(Path(tmp)):.0f} us", flush=True)
+        if "ack" in cases and args.ack_client == "go":
+            args.ack_client_binary = build_ack_client(Path(tmp))
         for name in ("nsqd", "deltaq up"):
             workdir = Path(tmp) / name.replace(" ", "_")
             workdir.mkdir()

@@ -294,7 +294,7 @@ def test_a_full_disk_is_named_and_nothing_acknowledged_is_lost(
     try:
         # Space to give back once the disk is full.
         filler = small / "filler"
-        filler.write_bytes(b"\0" * (8 << 20))
+        filler.write_bytes(b"\0" * (12 << 20))
         warehouse = small / "wh"
         log_path = tmp_path / "server.log"
         env = {"DELTAQ_JOURNAL_SEGMENT_BYTES": str(1 << 20)}

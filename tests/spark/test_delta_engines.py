@@ -30,7 +30,7 @@ from queue_engine.spark.views import register_views
 from queue_engine.store.delta import commit_actions, open_or_create, remove_files
 from queue_engine.store.tables import TOPIC_SCHEMA, Warehouse
 from queue_engine.store.upkeep import compact_small_files
-from tests.conftest import Server, unavailable
+from tests.conftest import Server, topic_rows, unavailable
 from tests.consumers import answer, body, create_channel, sub
 from tests.spark.test_fanout import run_once
 from tests.spark.test_source import batch, make_topic
@@ -64,6 +64,14 @@ def rows(path: Path | str) -> int:
     return int(DeltaTable(str(path)).to_pyarrow_table().num_rows)
 
 
+def committed(c: httpx.Client, wh: Path, *topics: str) -> None:
+    """Wait until each topic's table holds every message the API acknowledged (in its journal
+    first, in the table one topic commit later): what a one-shot fanout then reads."""
+    for topic in topics:
+        stats = c.get("/stats", params={"format": "json", "topic": topic}).json()
+        topic_rows(wh, topic, sum(t["message_count"] for t in stats["topics"] or []))
+
+
 def test_delta_spark_reads_every_table_deltaq_writes(
     delta: SparkSession, served: tuple[Path, httpx.Client]
 ) -> None:
@@ -81,6 +89,7 @@ def test_delta_spark_reads_every_table_deltaq_writes(
     r = c.post("/mpub", params={"topic": "t", "envelope": "json"}, content=lines)
     assert r.text == "OK"
     publish_typed(c)
+    committed(c, wh, "t", "orders")
     run_once(delta, wh)
     dying_orders = sub(c, "orders", "dl", max=4, wait_ms=5000)
     assert len(dying_orders) == 4
@@ -95,6 +104,7 @@ def test_delta_spark_reads_every_table_deltaq_writes(
     # A replay: copies in the topic, delivered to one channel again.
     replayed = c.post("/channel/replay", params={"topic": "t", "channel": "c", "from": "0"})
     assert replayed.status_code == 200, replayed.text
+    committed(c, wh, "t")
     run_once(delta, wh)
     sweep(delta, Warehouse(str(wh)))
 

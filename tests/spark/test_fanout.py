@@ -438,8 +438,10 @@ def test_an_empty_checkpoint_over_fanned_out_channels_is_refused(
         assert c.post("/topic/create", params={"topic": "t"}).status_code == 200
         assert c.post("/channel/create", params={"topic": "t", "channel": "c"}).status_code == 200
         assert c.post("/pub", params={"topic": "t"}, content=b"first").text == "OK"
+        server.topic_table("t")  # committed, not only acknowledged
         run_once(spark, wh)
         assert c.post("/pub", params={"topic": "t"}, content=b"second").text == "OK"
+        server.topic_table("t")
     with pytest.raises(ForeignCheckpointError, match="channel t/c holds fanout batches up to 0"):
         start_fanout(spark, Warehouse(str(wh)), once=True, checkpoint=str(tmp_path / "new"))
     assert channel_bodies(wh, "t", "c") == [b"first"]

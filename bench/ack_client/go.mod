@@ -1,0 +1,3 @@
+module deltaq/bench/ack_client
+
+go 1.21
