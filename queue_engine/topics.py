@@ -312,6 +312,10 @@ class Topics:
             )
         except WriterClosedError as exc:
             raise QueueError(ErrorCode.EXITING, str(exc)) from exc
+        if writer.validates and not backlog and writer.linger is not None:
+            # A publisher waits for this commit: the topic commits as one its consumers wait
+            # for does (drain_linger_ms), not as an unwatched one.
+            self.consumer_waiting(topic)
         if not wait:
             done.set_result(None)
         return done

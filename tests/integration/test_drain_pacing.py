@@ -3,12 +3,17 @@ node's commit budget, except a topic whose consumers wait, which commits first."
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from pathlib import Path
 
 import httpx
+import pytest
+from deltalake import DeltaTable
 
+from queue_engine.broker import Broker
+from queue_engine.settings import load_settings
 from queue_engine.topics import DrainPacer
 from tests.conftest import Server
 
@@ -88,3 +93,37 @@ def test_a_topic_whose_consumer_waits_commits_ahead_of_the_paced_ones(
     finally:
         stop.set()
         publisher.join()
+
+
+@pytest.mark.slow
+def test_a_topic_whose_publishers_wait_for_its_commit_is_not_paced(tmp_path: Path) -> None:
+    """A topic with a CHECK constraint answers publishers after its commit (only the commit
+    can refuse a row): it commits at drain_linger_ms, as one whose consumers wait, not at
+    the longer linger of a topic nobody waits for."""
+
+    async def scenario() -> tuple[float, float, bool]:
+        broker = Broker(load_settings(None, warehouse=str(tmp_path / "wh")))
+        await broker.start()
+        try:
+            await broker.create_topic("t")
+            writer = await broker.topics.writer("t")
+            await (await broker.start_publish("t", [b"a"]))
+            broker.topics.settle(writer)
+            assert writer.linger is not None
+            unwatched = writer.linger()
+            DeltaTable(writer.path).alter.add_constraint({"not_x": "body <> 'x'"})
+            writer.request_reopen()
+            for _ in range(100):  # the writer judges the table again at its next commit
+                await (await broker.start_publish("t", [b"b"]))
+                if writer.validates:
+                    break
+                await asyncio.sleep(0.1)
+            validates = writer.validates
+            await (await broker.start_publish("t", [b"c"]))
+            return unwatched, writer.linger(), validates
+        finally:
+            await broker.close()
+
+    unwatched, waited_on, validates = asyncio.run(scenario())
+    assert validates
+    assert (unwatched, waited_on) == (0.25, 0.05)
