@@ -227,6 +227,14 @@ def _percentiles(samples: list[float]) -> tuple[float, float, float]:
 ACK_CLIENT = Path(__file__).parent / "ack_client"
 
 
+def _ack_topic(target: tcp.Target) -> str:
+    """The ack case's topic, with a channel (its messages are fanned out meanwhile)."""
+    topic = "bench_ack"
+    post(target.http_port, f"/topic/create?topic={topic}")
+    post(target.http_port, f"/channel/create?topic={topic}&channel=c")
+    return topic
+
+
 def build_ack_client(workdir: Path) -> Path:
     """The Go load generator of the ack case (``bench/ack_client``, the standard library only),
     built into ``workdir``."""
@@ -240,10 +248,7 @@ def ack_latency_go(
 ) -> tuple[float, float, float]:
     """``ack_latency`` with the load sent by the Go client: the same schedule, without the
     Python client's own thread switches in the figures."""
-    topic = "bench_ack"
-    post(target.http_port, f"/topic/create?topic={topic}")
-    post(target.http_port, f"/channel/create?topic={topic}&channel=c")
-    url = f"http://{HOST}:{target.http_port}/pub?topic={topic}"
+    url = f"http://{HOST}:{target.http_port}/pub?topic={_ack_topic(target)}"
     done = subprocess.run(
         [
             str(binary),
@@ -279,9 +284,7 @@ def ack_latency(target: tcp.Target, rate: int, seconds: float) -> tuple[float, f
     interval (one connection waiting for each answer sent ~590 a second, not 1,000, once
     answers took ~1 ms). A request sent late is timed from when it was due: the wait behind a
     slow answer counts."""
-    topic = "bench_ack"
-    post(target.http_port, f"/topic/create?topic={topic}")
-    post(target.http_port, f"/channel/create?topic={topic}&channel=c")
+    topic = _ack_topic(target)
     body = b"x" * 200
     samples: list[float] = []
     sent_count = [0]

@@ -99,10 +99,10 @@ class DrainPacer:
         commits_per_s: int,
         clock: Callable[[], float] = time.monotonic,
         *,
-        unwatched_s: float | None = None,
+        unwatched_s: float,
     ) -> None:
         self.base_s = base_s
-        self.unwatched_s = base_s if unwatched_s is None else max(base_s, unwatched_s)
+        self.unwatched_s = unwatched_s  # drain_unwatched_linger_s: never shorter than base_s
         self.commits_per_s = max(1, commits_per_s)
         self._clock = clock
         self._last: dict[str, float] = {}

@@ -142,13 +142,7 @@ class Server:
         return self.log_path.read_text(errors="replace") if self.log_path else ""
 
     def topic_table(self, topic: str) -> pa.Table:
-        """The topic's table once it holds every message the server acknowledged (its
-        /stats message count: journaled messages reach the table milliseconds later)."""
-        stats = httpx.get(
-            f"{self.http_url}/stats", params={"format": "json", "topic": topic}, timeout=10
-        ).json()
-        acknowledged = sum(t["message_count"] for t in stats["topics"] or [])
-        return topic_rows(self.warehouse, topic, acknowledged)
+        return committed_topic(self.http_url, self.warehouse, topic)
 
 
 def run_deltaq(
@@ -210,6 +204,17 @@ def topic_rows(warehouse: Path, topic: str, at_least: int, timeout_s: float = 10
             rows = table.num_rows if table is not None else "no table"
             raise AssertionError(f"topic {topic}: {rows} rows after {timeout_s} s, not {at_least}")
         time.sleep(0.02)
+
+
+def committed_topic(http_url: str, warehouse: Path, topic: str) -> pa.Table:
+    """The topic's table once it holds every message the API at ``http_url`` acknowledged (its
+    /stats message count: a journaled message reaches the table one topic commit later, up to
+    drain_unwatched_linger_ms)."""
+    stats = httpx.get(
+        f"{http_url}/stats", params={"format": "json", "topic": topic}, timeout=10
+    ).json()
+    acknowledged = sum(t["message_count"] for t in stats["topics"] or [])
+    return topic_rows(warehouse, topic, acknowledged)
 
 
 @pytest.fixture(scope="session")

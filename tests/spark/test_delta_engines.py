@@ -30,7 +30,7 @@ from queue_engine.spark.views import register_views
 from queue_engine.store.delta import commit_actions, open_or_create, remove_files
 from queue_engine.store.tables import TOPIC_SCHEMA, Warehouse
 from queue_engine.store.upkeep import compact_small_files
-from tests.conftest import Server, topic_rows, unavailable
+from tests.conftest import Server, committed_topic, unavailable
 from tests.consumers import answer, body, create_channel, sub
 from tests.spark.test_fanout import run_once
 from tests.spark.test_source import batch, make_topic
@@ -65,11 +65,10 @@ def rows(path: Path | str) -> int:
 
 
 def committed(c: httpx.Client, wh: Path, *topics: str) -> None:
-    """Wait until each topic's table holds every message the API acknowledged (in its journal
-    first, in the table one topic commit later): what a one-shot fanout then reads."""
+    """Each topic's table once it holds every message the API acknowledged: what a one-shot
+    fanout then reads."""
     for topic in topics:
-        stats = c.get("/stats", params={"format": "json", "topic": topic}).json()
-        topic_rows(wh, topic, sum(t["message_count"] for t in stats["topics"] or []))
+        committed_topic(str(c.base_url), wh, topic)
 
 
 def test_delta_spark_reads_every_table_deltaq_writes(

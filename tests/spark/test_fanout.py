@@ -70,14 +70,20 @@ def channel_frame(
     return spark.createDataFrame(rows, from_arrow_schema(CHANNEL_MESSAGES_SCHEMA))
 
 
+def loop_once(warehouse: Path) -> Moved:
+    """One one-shot fanout without Spark (what a local ``deltaq fanout`` and ``deltaq up``
+    run), in this process."""
+    loop = FanoutLoop(Warehouse(str(warehouse)), once=True).start()
+    assert loop.awaitTermination(300)
+    assert loop.exception() is None, loop.exception()
+    return loop.moved
+
+
 def run_once(spark: SparkSession, warehouse: Path, channel_format: str | None = None) -> Moved:
-    """One one-shot fanout: ``channel_format`` "loop" is the fanout without Spark (what a local
-    ``deltaq fanout`` and ``deltaq up`` run), else Spark's query writing with that format."""
+    """One one-shot fanout: ``channel_format`` "loop" is ``loop_once``, else Spark's query
+    writing with that format."""
     if channel_format == "loop":
-        loop = FanoutLoop(Warehouse(str(warehouse)), once=True).start()
-        assert loop.awaitTermination(300)
-        assert loop.exception() is None
-        return loop.moved
+        return loop_once(warehouse)
     query = start_fanout(spark, Warehouse(str(warehouse)), once=True, channel_format=channel_format)
     query.awaitTermination(300)
     assert query.exception() is None
@@ -407,23 +413,17 @@ def test_a_fanout_killed_before_its_first_commit_entry_runs_that_batch_again_onc
         assert c.post("/channel/create", params={"topic": "t", "channel": "x"}).is_success
         assert c.post("/mpub", params={"topic": "t"}, content=b"a\nb\nc").text == "OK"
         server.topic_table("t")
-
-        def run_once() -> None:
-            loop = FanoutLoop(Warehouse(str(wh)), once=True).start()
-            assert loop.awaitTermination(120)
-            assert loop.exception() is None, loop.exception()
-
-        run_once()
+        loop_once(wh)
         assert channel_bodies(wh, "t", "x") == [b"a", b"b", b"c"]
         checkpoint = wh / "_checkpoints" / "fanout"
         assert (checkpoint / "offsets" / "0").exists()
         shutil.rmtree(checkpoint / "commits")  # what the kill left: no commit log yet
-        run_once()
+        loop_once(wh)
         assert channel_bodies(wh, "t", "x") == [b"a", b"b", b"c"]
         assert (checkpoint / "commits" / "0").exists()
         assert c.post("/pub", params={"topic": "t"}, content=b"d").text == "OK"
         server.topic_table("t")
-        run_once()
+        loop_once(wh)
         assert channel_bodies(wh, "t", "x") == [b"a", b"b", b"c", b"d"]
 
 
