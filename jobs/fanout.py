@@ -1,7 +1,9 @@
 """The fanout job: deltaq fanout, or spark-submit jobs/fanout.py --warehouse W [--once].
 
-Copies every topic's new messages into each of its channels' tables, exactly once, as a Spark
-Structured Streaming query. --once takes what is there now and exits (Trigger.AvailableNow).
+Copies every topic's new messages into each of its channels' tables, exactly once: as a Spark
+Structured Streaming query on a cluster, and on a local master as the same micro-batches on the
+same checkpoint run by a loop without Spark (fanout_in_spark = true: the query there too).
+--once takes what is there now and exits (Trigger.AvailableNow).
 """
 
 from __future__ import annotations
