@@ -36,10 +36,11 @@ def spark_env() -> dict[str, str]:
         # the tests would not know): the ports come from free_port(), free only when asked.
         "SPARK_DAEMON_JAVA_OPTS": "-Dspark.port.maxRetries=0",
         # Every JVM of the test (master, workers, their executors, drivers) compiles with C1
-        # only, as deltaq's local sessions do: they live a few minutes, too short for C2's
-        # compilations to pay back their CPU. The cluster test took 119 s of CPU (137 s of wall
-        # time) so, against 158 s (169 s) with the JVM's default.
-        "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1",
+        # only and collects with the serial collector, as deltaq's local sessions do: they live
+        # a few minutes, too short for C2's compilations to pay back their CPU. The cluster
+        # test took 119 s of CPU (137 s of wall time) with C1, against 158 s (169 s) with the
+        # JVM's default.
+        "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     }
 
 

@@ -89,14 +89,19 @@ def test_delta_spark_is_on_the_sessions_classpath(spark: SparkSession) -> None:
     assert spark.conf.get("spark.sql.sources.parallelPartitionDiscovery.parallelism") == "2"
 
 
-def test_local_jvm_runs_with_the_quick_compiler_only(spark: SparkSession) -> None:
-    # The C2-off option is what brought the fanout's p99 under 1 s on two cores: it must reach
-    # the JVM that PySpark launches, not just sit in the SparkConf.
+def test_local_jvm_runs_with_the_quick_compiler_and_the_serial_collector(
+    spark: SparkSession,
+) -> None:
+    # The C2-off option is what brought the fanout's p99 under 1 s on two cores, the serial
+    # collector what saves G1's threads: they must reach the JVM that PySpark launches, not
+    # just sit in the SparkConf.
     jvm = spark.sparkContext._jvm
     assert jvm is not None
-    runtime = jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
-    arguments = list(runtime.getInputArguments())
+    management = jvm.java.lang.management.ManagementFactory
+    arguments = list(management.getRuntimeMXBean().getInputArguments())
     assert "-XX:TieredStopAtLevel=1" in arguments
+    collectors = {bean.getName() for bean in management.getGarbageCollectorMXBeans()}
+    assert collectors == {"Copy", "MarkSweepCompact"}, collectors  # the serial collector's
 
 
 def test_batch_read_equals_delta_rs(spark: SparkSession, tmp_path: Path) -> None:
