@@ -1,8 +1,8 @@
 """deltaq sql "SELECT ...": Spark SQL over the queue's views, printed as a table.
 
-Views: topics, channels, messages, ledger, state, queue_stats, dead_letters, each with topic and channel
-columns first. queue_stats and state are as of each channel's last sweep (up to one sweep
-interval behind /stats). --as-of 2026-11-22T03:12:00Z reads every table as it was then.
+Views: topics, channels, messages, ledger, state, queue_stats, dead_letters, each with topic
+and channel columns first. queue_stats and state are as of each channel's last sweep (up to
+one sweep interval behind /stats). --as-of 2026-11-22T03:12:00Z reads every table as it was then.
 
 Where deltaq up runs on this machine, the query runs on its Spark (Spark Connect on
 127.0.0.1:<spark_connect_port>) and answers within a few seconds; otherwise a local Spark starts

@@ -195,8 +195,8 @@ class Settings(BaseSettings):
     # drain_linger_ms, or object_store_drain_linger_ms on an object store). A topic commit
     # writes and syncs files beside the journal's own fsync'd writes: under deltaq up at 1,000
     # msg/s the /pub ack p99 went from 23-152 ms with commits every 50 ms to 7-18 ms every
-    # 250 ms (runs in turn). The price: such a topic's rows reach its table up to this much later, and a
-    # consumer that begins waiting makes it commit at once (DrainPacer).
+    # 250 ms (runs in turn). The price: such a topic's rows reach its table up to this much
+    # later, and a consumer that begins waiting makes it commit at once (DrainPacer).
     drain_unwatched_linger_ms: int = Field(default=250, ge=0, le=60_000)
     # The same on an object-store warehouse, where a commit is a few requests of ~20 ms each
     # and every commit file is read again by the next checkpoint: a busy topic commits ~5
