@@ -50,6 +50,10 @@ _BODY_SCHEMA = pa.schema(
 
 log = logging.getLogger(__name__)
 
+# How often a consumer still waiting says so again (see ``sub``): well within the 5 s for
+# which the drain counts a topic as one whose consumers wait (DrainPacer.WAITED_S).
+WAITING_SAID_S = 2.0
+
 # How long a consumer counts as connected (client_count) after its last SUB.
 CLIENT_IDLE_S = 60.0
 # On an object store, how often a channel looks at its table without a notice of a write.
@@ -344,7 +348,9 @@ class ChannelRuntime:
                 self._on_waiting(self)
             try:
                 async with self._changed:
-                    await asyncio.wait_for(self._changed.wait(), remaining)
+                    # In slices: a consumer that waits longer says so again, so that its
+                    # topic commits as one whose consumers wait for as long as it waits.
+                    await asyncio.wait_for(self._changed.wait(), min(remaining, WAITING_SAID_S))
             except TimeoutError:
                 pass
             finally:

@@ -39,6 +39,56 @@ def test_the_pace_follows_the_busy_topics_and_a_waited_topic_is_not_paced() -> N
     assert pacer.waited("t1") is True
 
 
+def test_topics_that_turn_busy_together_are_paced_as_they_come() -> None:
+    now = [100.0]
+    pacer = DrainPacer(0.05, commits_per_s=100, clock=lambda: now[0], unwatched_s=0.25)
+    # 1,000 idle topics get their first publishes in the same instant: each waits as one of
+    # the busy topics counted so far, not as one of the few counted before them, so their
+    # first commits spread over ~10 s instead of all coming 0.25 s later.
+    lingers = [pacer.idle_linger(f"t{i}") for i in range(1000)]
+    assert lingers[0] == 0.25
+    assert lingers[-1] >= 6.0, lingers[-1]
+    assert sum(1 for linger in lingers if linger <= 1.0) <= 200
+    # A topic a consumer waits for commits at once after an idle spell.
+    pacer.waited("t5")
+    assert pacer.idle_linger("t5") == 0.0
+    assert pacer.idle_linger("t6") > 1.0
+
+
+def test_an_idle_writer_counts_its_linger_from_its_first_publish(tmp_path: Path) -> None:
+    from queue_engine.store.delta import open_or_create
+    from queue_engine.store.tables import TOPIC_SCHEMA, TopicWriter
+    from tests.integration.test_topic_writer import Results, now_us
+
+    path = str(tmp_path / "t")
+    open_or_create(path, TOPIC_SCHEMA)
+    results = Results()
+    writer = TopicWriter(path, results, commit_max_bytes=1 << 20)
+    try:
+        writer.linger = lambda: 0.05
+        writer.idle_linger = lambda: 60.0
+        # Idle since ever: not committed at once, but after the idle linger (cut short here).
+        writer.submit_publish([b"m0"], now_us(), None, 0)
+        time.sleep(0.3)
+        assert not results.done, "an idle writer committed at once"
+        writer.expedite()
+        results.wait(1)
+        # Idle for longer than its linger again, where a consumer waits: at once.
+        writer.idle_linger = lambda: 0.0
+        time.sleep(0.1)
+        writer.submit_publish([b"m1"], now_us(), None, 1)
+        results.wait(2, timeout=10)
+        # Busy (within its linger of the previous commit): the linger after that commit.
+        writer.linger = lambda: 1.0
+        writer.idle_linger = lambda: 60.0
+        writer.submit_publish([b"m2"], now_us(), None, 2)
+        results.wait(3, timeout=10)
+    finally:
+        writer.close()
+    assert all(error is None for error in results.done.values())
+    assert DeltaTable(path).to_pyarrow_table().num_rows == 3
+
+
 def _commit_times(topic_log: Path) -> list[float]:
     """When each of a topic table's versions after its creation appeared (file mtimes)."""
     return sorted(p.stat().st_mtime for p in topic_log.glob("*.json") if p.stem != "0" * 20)
@@ -93,6 +143,33 @@ def test_a_topic_whose_consumer_waits_commits_ahead_of_the_paced_ones(
     finally:
         stop.set()
         publisher.join()
+
+
+def test_a_consumer_still_waiting_keeps_its_topic_committing_at_once(
+    server_factory: type[Server], tmp_path: Path
+) -> None:
+    """An HTTP long poll that outlasts DrainPacer.WAITED_S still counts: a message published
+    to its idle topic is committed at once, not after the linger of a topic nobody waits for
+    (5 s here)."""
+    env = {"DELTAQ_DRAIN_UNWATCHED_LINGER_MS": "5000"}
+    server = server_factory(tmp_path / "wh", env=env).start()
+    client = httpx.Client(base_url=server.url, timeout=30)
+    assert client.post("/topic/create?topic=t").status_code == 200
+    assert client.post("/channel/create?topic=t&channel=c").status_code == 200
+    topic_log = tmp_path / "wh/topics/t/_delta_log"
+    waiting = threading.Thread(
+        target=lambda: httpx.get(f"{server.url}/sub?topic=t&channel=c&wait_ms=8000", timeout=30)
+    )
+    waiting.start()
+    try:
+        time.sleep(DrainPacer.WAITED_S + 1.5)  # past what the poll's start alone counts for
+        assert client.post("/pub?topic=t", content=b"m").text == "OK"
+        published = time.monotonic()
+        while not _commit_times(topic_log):
+            assert time.monotonic() - published < 2.5, "committed as a topic nobody waits for"
+            time.sleep(0.02)
+    finally:
+        waiting.join()
 
 
 @pytest.mark.slow

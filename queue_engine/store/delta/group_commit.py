@@ -164,7 +164,13 @@ class GroupCommitter(ABC, Generic[T]):
         # How long after a drain began the next may begin (None: as soon as it ends). Set for
         # journaled publishes: they are durable already, so a topic may gather more per commit.
         self.linger: Callable[[], float] | None = None
+        # With a ``linger``: how long publishes that find the writer idle (its previous drain
+        # began longer than ``linger`` ago) wait, counted from the first of them (None: not at
+        # all). Without it, many topics turning busy together would each commit at once.
+        self.idle_linger: Callable[[], float] | None = None
         self._drain_started = 0.0
+        # When the first of the pending submissions came (monotonic s).
+        self._pending_since = 0.0
         # Bumped when a delayed drain is overtaken (expedite): the delayed task then does nothing.
         self._drain_gen = 0
         # A drain waits for its linger (not yet on the pool).
@@ -188,7 +194,11 @@ class GroupCommitter(ABC, Generic[T]):
         (with a ``linger``, not before it has passed since the previous drain began)."""
         if self._started and self._pending and not self._draining:
             self._draining = True
-            at = self._drain_started + self.linger() if self.linger is not None else 0.0
+            at = 0.0
+            if self.linger is not None:
+                at = self._drain_started + self.linger()
+                if self.idle_linger is not None and self._pending_since > at:
+                    at = self._pending_since + self.idle_linger()
             if at > time.monotonic() and not self._closed:
                 self._lingering = True
                 delayed().submit_at(at, functools.partial(self._drain, self._drain_gen))
@@ -221,6 +231,8 @@ class GroupCommitter(ABC, Generic[T]):
         with self._cond:
             if self._closed:
                 raise WriterClosedError(self.path)
+            if not self._pending:
+                self._pending_since = time.monotonic()
             self._pending.append(_Submission(item, nbytes, token))
             self._pending_bytes += nbytes
             self._submitted += 1
