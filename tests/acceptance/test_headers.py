@@ -228,12 +228,13 @@ def test_journaled_headers_survive_a_kill_9(warehouse: Path, tmp_path: Path) -> 
     """A publish acknowledged from the journal and killed before its topic commit: the next
     start commits it from the journal, headers included."""
     wh = tmp_path / "wh"
-    # A commit waits 10 s after the one before: once the topic's first commit is made, the
-    # kill lands while the next publishes are only in the journal.
-    server = Server(wh, env={"DELTAQ_DRAIN_LINGER_MS": "10000"}).start()
+    # A commit waits 5 s after the one before (the first, 5 s after the first publish: the
+    # topic was idle): once the topic's first commit is made, the kill lands while the next
+    # publishes are only in the journal.
+    server = Server(wh, env={"DELTAQ_DRAIN_LINGER_MS": "5000"}).start()
     with httpx.Client(base_url=server.url, timeout=30) as c:
         assert c.post("/pub", params={"topic": "j"}, content=b"first").text == "OK"
-        topic_rows(wh, "j", 1)
+        topic_rows(wh, "j", 1, timeout_s=30)
         lines = [envelope(f"m{i}", {"i": str(i)} if i % 2 else None) for i in range(4)]
         r = c.post("/mpub", params={"topic": "j", "envelope": "json"}, content=b"\n".join(lines))
         assert r.text == "OK"
