@@ -122,7 +122,13 @@ class DrainPacer:
             self._waited[topic] = now
             return before is None or now - before > self.WAITED_S
 
-    def linger(self, topic: str) -> float:
+    def linger(self, topic: str, idle: bool = False) -> float:
+        """How long ``topic``'s publishes wait for their commit: from the previous commit's
+        start, or with ``idle`` (the topic was idle until they came) from the first of them.
+        An idle topic whose consumers wait commits at once (they see the message at once);
+        the others wait as after a commit: 1,000 idle topics that turn busy together would
+        else each commit at once, ~1,000 commits in a few seconds that took the CPU
+        publishing needed (measured under ``deltaq up``: ~6 ms of CPU a commit)."""
         now = self._clock()
         with self._lock:
             self._last[topic] = now
@@ -139,20 +145,8 @@ class DrainPacer:
                 self._counted_at = now
             waited = self._waited.get(topic)
             if waited is not None and now - waited <= self.WAITED_S:
-                return self.base_s
+                return 0.0 if idle else self.base_s
             return max(self.unwatched_s, self._active / self.commits_per_s)
-
-    def idle_linger(self, topic: str) -> float:
-        """How long a topic's publishes that found it idle wait for their commit, from the
-        first of them: not at all where its consumers wait (they see the message at once);
-        otherwise as long as after a commit. 1,000 idle topics that turn busy at once would
-        else each commit at once, ~1,000 commits in a few seconds that took the CPU
-        publishing needed (measured under ``deltaq up``: ~6 ms of CPU a commit)."""
-        with self._lock:
-            waited = self._waited.get(topic)
-            if waited is not None and self._clock() - waited <= self.WAITED_S:
-                return 0.0
-        return self.linger(topic)
 
 
 @dataclass(frozen=True)
@@ -389,7 +383,6 @@ class Topics:
         if self.journal is not None:
             writer.journal_app_id = self.journal.app_id
             writer.linger = functools.partial(self._pacer.linger, name)
-            writer.idle_linger = functools.partial(self._pacer.idle_linger, name)
 
     def start_journal(self, token: str) -> None:
         """Journal publishes from now on (ack = "journal")."""

@@ -45,14 +45,15 @@ def test_topics_that_turn_busy_together_are_paced_as_they_come() -> None:
     # 1,000 idle topics get their first publishes in the same instant: each waits as one of
     # the busy topics counted so far, not as one of the few counted before them, so their
     # first commits spread over ~10 s instead of all coming 0.25 s later.
-    lingers = [pacer.idle_linger(f"t{i}") for i in range(1000)]
+    lingers = [pacer.linger(f"t{i}", idle=True) for i in range(1000)]
     assert lingers[0] == 0.25
     assert lingers[-1] >= 6.0, lingers[-1]
     assert sum(1 for linger in lingers if linger <= 1.0) <= 200
     # A topic a consumer waits for commits at once after an idle spell.
     pacer.waited("t5")
-    assert pacer.idle_linger("t5") == 0.0
-    assert pacer.idle_linger("t6") > 1.0
+    assert pacer.linger("t5", idle=True) == 0.0
+    assert pacer.linger("t5") == 0.05
+    assert pacer.linger("t6", idle=True) > 1.0
 
 
 def test_an_idle_writer_counts_its_linger_from_its_first_publish(tmp_path: Path) -> None:
@@ -65,8 +66,7 @@ def test_an_idle_writer_counts_its_linger_from_its_first_publish(tmp_path: Path)
     results = Results()
     writer = TopicWriter(path, results, commit_max_bytes=1 << 20)
     try:
-        writer.linger = lambda: 0.05
-        writer.idle_linger = lambda: 60.0
+        writer.linger = lambda idle: 60.0 if idle else 0.05
         # Idle since ever: not committed at once, but after the idle linger (cut short here).
         writer.submit_publish([b"m0"], now_us(), None, 0)
         time.sleep(0.3)
@@ -74,13 +74,12 @@ def test_an_idle_writer_counts_its_linger_from_its_first_publish(tmp_path: Path)
         writer.expedite()
         results.wait(1)
         # Idle for longer than its linger again, where a consumer waits: at once.
-        writer.idle_linger = lambda: 0.0
+        writer.linger = lambda idle: 0.0 if idle else 0.05
         time.sleep(0.1)
         writer.submit_publish([b"m1"], now_us(), None, 1)
         results.wait(2, timeout=10)
         # Busy (within its linger of the previous commit): the linger after that commit.
-        writer.linger = lambda: 1.0
-        writer.idle_linger = lambda: 60.0
+        writer.linger = lambda idle: 60.0 if idle else 1.0
         writer.submit_publish([b"m2"], now_us(), None, 2)
         results.wait(3, timeout=10)
     finally:
@@ -187,7 +186,7 @@ def test_a_topic_whose_publishers_wait_for_its_commit_is_not_paced(tmp_path: Pat
             await (await broker.start_publish("t", [b"a"]))
             broker.topics.settle(writer)
             assert writer.linger is not None
-            unwatched = writer.linger()
+            unwatched = writer.linger(False)
             DeltaTable(writer.path).alter.add_constraint({"not_x": "body <> 'x'"})
             writer.request_reopen()
             for _ in range(100):  # the writer judges the table again at its next commit
@@ -197,7 +196,7 @@ def test_a_topic_whose_publishers_wait_for_its_commit_is_not_paced(tmp_path: Pat
                 await asyncio.sleep(0.1)
             validates = writer.validates
             await (await broker.start_publish("t", [b"c"]))
-            return unwatched, writer.linger(), validates
+            return unwatched, writer.linger(False), validates
         finally:
             await broker.close()
 

@@ -161,13 +161,11 @@ class GroupCommitter(ABC, Generic[T]):
         self._commit_lock = threading.Lock()
         self._pending: list[_Submission[T]] = []
         self._pending_bytes = 0
-        # How long after a drain began the next may begin (None: as soon as it ends). Set for
+        # How long after a drain began the next may begin (None: as soon as it ends); asked
+        # with True where the writer was idle (its previous drain began longer than that ago)
+        # until the pending submissions came: then how long after the first of them. Set for
         # journaled publishes: they are durable already, so a topic may gather more per commit.
-        self.linger: Callable[[], float] | None = None
-        # With a ``linger``: how long publishes that find the writer idle (its previous drain
-        # began longer than ``linger`` ago) wait, counted from the first of them (None: not at
-        # all). Without it, many topics turning busy together would each commit at once.
-        self.idle_linger: Callable[[], float] | None = None
+        self.linger: Callable[[bool], float] | None = None
         self._drain_started = 0.0
         # When the first of the pending submissions came (monotonic s).
         self._pending_since = 0.0
@@ -196,9 +194,9 @@ class GroupCommitter(ABC, Generic[T]):
             self._draining = True
             at = 0.0
             if self.linger is not None:
-                at = self._drain_started + self.linger()
-                if self.idle_linger is not None and self._pending_since > at:
-                    at = self._pending_since + self.idle_linger()
+                at = self._drain_started + self.linger(False)
+                if self._pending_since > at:
+                    at = self._pending_since + self.linger(True)
             if at > time.monotonic() and not self._closed:
                 self._lingering = True
                 delayed().submit_at(at, functools.partial(self._drain, self._drain_gen))
