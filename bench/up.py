@@ -327,14 +327,17 @@ def ack_latency(target: tcp.Target, rate: int, seconds: float) -> tuple[float, f
     return p50, p95, p99
 
 
-def run_target(target: tcp.Target, args: argparse.Namespace, cases: set[str]) -> dict[str, float]:
+def run_target(
+    target: tcp.Target, args: argparse.Namespace, cases: set[str], ack_client: Path | None
+) -> dict[str, float]:
+    """The chosen cases on ``target``; the ack case's load from the Go ``ack_client`` if built."""
     figures: dict[str, float] = {}
     if "writer" in cases:
         writer_cases(target, args.seconds, figures)
     if "ack" in cases:
         for rate in (200, 1000):
-            if args.ack_client_binary is not None:
-                measured = ack_latency_go(target, rate, args.seconds, args.ack_client_binary)
+            if ack_client is not None:
+                measured = ack_latency_go(target, rate, args.seconds, ack_client)
             else:
                 measured = ack_latency(target, rate, args.seconds)
             figures[f"ack{rate}_p50"], _, figures[f"ack{rate}_p99"] = measured
@@ -388,7 +391,6 @@ def main() -> int:
         help="what sends the ack case's load: Python threads, or bench/ack_client (needs Go)",
     )
     args = parser.parse_args()
-    args.ack_client_binary = None
     cases = set(args.only.split(","))
     if cases - set(CASES):
         parser.error(f"unknown cases: {sorted(cases - set(CASES))}")
@@ -398,8 +400,9 @@ def main() -> int:
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         print(f"file create: {file_create_us(Path(tmp)):.0f} us", flush=True)
+        ack_client = None
         if "ack" in cases and args.ack_client == "go":
-            args.ack_client_binary = build_ack_client(Path(tmp))
+            ack_client = build_ack_client(Path(tmp))
         for name in ("nsqd", "deltaq up"):
             workdir = Path(tmp) / name.replace(" ", "_")
             workdir.mkdir()
@@ -413,7 +416,7 @@ def main() -> int:
                     continue
                 try:
                     target = tcp.Target(name, tcp_port, http_port, nsqd.pid)
-                    results[name] = run_target(target, args, cases)
+                    results[name] = run_target(target, args, cases, ack_client)
                 finally:
                     stop(nsqd)
             else:
@@ -428,7 +431,7 @@ def main() -> int:
                 print(f"deltaq up settled {waited:.1f} s after that", flush=True)
                 try:
                     target = tcp.Target(name, tcp_port, http_port, up.pid)
-                    results[name] = run_target(target, args, cases)
+                    results[name] = run_target(target, args, cases, ack_client)
                 finally:
                     stop_up(up)
     ours, theirs = results.get("deltaq up", {}), results.get("nsqd", {})
