@@ -58,6 +58,9 @@ class SparkCluster:
         return f"spark://{HOST}:{self.port}"
 
     def start(self) -> SparkCluster:
+        # The executors' scratch files (the jars they fetch, ~86 MB each) with the test's
+        # files: a worker the test kills leaves them behind.
+        self.env.setdefault("SPARK_LOCAL_DIRS", str(self.workdir / "local"))
         for attempt in range(3):
             self.port, self.ui_port = free_port(), free_port()
             self.master = self._launch(

@@ -24,7 +24,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from queue_engine.spark import class_archive
+from queue_engine.spark import class_archive, scratch
 from queue_engine.spark.java import check_java
 from queue_engine.store.storage import StoreError, executor_environment
 
@@ -184,7 +184,15 @@ def _build_session(
             )
             # A JVM spark-submit started was running before this code.
             archive = "" if _inside_spark_submit() else class_archive.java_options()
-            java_options = f"{local_java_options()} {archive}".strip()
+            # Its copies of the jars (~86 MB) and the JVM's other temporary files where the
+            # next driver finds and removes them if this one is killed (scratch.py).
+            scratch_dir = scratch.local_dir()
+            tmpdir = ""
+            if scratch_dir is not None:
+                builder = builder.config("spark.local.dir", scratch_dir)
+                if not any(c.isspace() or c in "'\"\\" for c in scratch_dir):
+                    tmpdir = f"-Djava.io.tmpdir={scratch_dir}"
+            java_options = " ".join(filter(None, (local_java_options(), archive, tmpdir)))
             builder = builder.config("spark.driver.extraJavaOptions", java_options)
     for name, value in executor_environment().items():
         builder = builder.config(f"spark.executorEnv.{name}", value)

@@ -4,6 +4,7 @@ everything cleanly."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -74,8 +75,12 @@ def test_up_runs_the_readme_quick_start_and_stops_on_ctrl_c(tmp_path: Path) -> N
     config.write_text(
         f"sweep_interval_s = 7.5\nspark_connect_port = {connect_port}\ntcp_port = {tcp_port}\n"
     )
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # A temporary directory of its own: where its Spark drivers keep their scratch files.
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path / "tmp")}
     env.pop("DELTAQ_CONFIG", None)
+    env.pop("SPARK_LOCAL_DIRS", None)
+    scratch_root = tmp_path / "tmp" / f"deltaq-spark-{os.getuid()}"
     log_path = tmp_path / "up.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
@@ -179,6 +184,9 @@ def test_up_runs_the_readme_quick_start_and_stops_on_ctrl_c(tmp_path: Path) -> N
             assert jobs["state"] == "running" and jobs["restarts"] == 0
             dead = psutil.Process(jobs["pid"])
             doomed = [dead, *dead.children(recursive=True)]
+            # Its Spark driver's scratch files: the copies of the jars, ~86 MB.
+            [dead_scratch] = scratch_root.glob(f"{dead.pid}-*")
+            assert _size(dead_scratch) > 10 << 20
             dead.kill()
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline:
@@ -200,6 +208,9 @@ def test_up_runs_the_readme_quick_start_and_stops_on_ctrl_c(tmp_path: Path) -> N
         _, orphans = psutil.wait_procs(doomed, timeout=60)
         assert not orphans, f"the killed jobs process left {orphans}"
         assert "exited with code -9; restarting" in log_path.read_text(errors="replace")
+        # The next driver removed the killed one's scratch files.
+        assert not dead_scratch.exists()
+        assert list(scratch_root.glob(f"{jobs['pid']}-*"))
 
         children = psutil.Process(process.pid).children(recursive=True)
         assert children, "the jobs process (fanout + sweep) was not started"
@@ -209,6 +220,8 @@ def test_up_runs_the_readme_quick_start_and_stops_on_ctrl_c(tmp_path: Path) -> N
         assert process.wait(150) == 0, log_path.read_text(errors="replace")[-3000:]
         _, alive = psutil.wait_procs(children, timeout=30)
         assert not alive, f"left running: {alive}"
+        # Stopped in order, the drivers took their copies of the jars with them.
+        assert _size(scratch_root) < 1 << 20
         text = log_path.read_text(errors="replace")
         assert "Failed to cancel job group" not in text
         assert "INFO py4j" not in text
@@ -273,3 +286,13 @@ def test_up_without_java_serves_and_says_what_to_install(tmp_path: Path) -> None
         if process.poll() is None:
             process.kill()
             process.wait(10)
+
+
+def _size(path: Path) -> int:
+    """Bytes of the files under ``path`` (a file removed while counting counts nothing)."""
+    total = 0
+    for p in path.rglob("*"):
+        with contextlib.suppress(FileNotFoundError):
+            if p.is_file():
+                total += p.stat().st_size
+    return total
