@@ -49,10 +49,13 @@ Channel = Annotated[str | None, Query(description="Channel name")]
 
 
 def _integer(params: Mapping[str, str], name: str) -> int | None:
-    """An integer parameter (None when absent or empty), else E_INVALID (nsqd's word)."""
+    """An integer parameter (None when absent), else E_INVALID (nsqd's word): an empty value
+    is refused, as nsqd refuses ``defer=``."""
     value = params.get(name)
-    if value is None or value == "":
+    if value is None:
         return None
+    if value == "":
+        raise QueueError(ErrorCode.E_INVALID, "empty: an integer is needed", param=name)
     if not _INTEGER.match(value):
         raise QueueError(ErrorCode.E_INVALID, f"not an integer: {value!r}", param=name)
     return int(value)

@@ -26,6 +26,9 @@ from tests.consumers import answer, body, channel_stats, create_channel, sub
         ({"topic": "t", "channel": "c", "max": "2501"}, "E_INVALID", "max"),
         ({"topic": "t", "channel": "c", "max": "9" * 40}, "E_INVALID", "max"),
         ({"topic": "t", "channel": "c", "max": "ten"}, "E_INVALID", "max"),
+        # Empty is no integer (as nsqd refuses defer=), not the default.
+        ({"topic": "t", "channel": "c", "max": ""}, "E_INVALID", "max"),
+        ({"topic": "t", "channel": "c", "wait_ms": ""}, "E_INVALID", "wait_ms"),
         ({"topic": "t", "channel": "c", "wait_ms": "-1"}, "E_INVALID", "wait_ms"),
         ({"topic": "t", "channel": "c", "wait_ms": "60001"}, "E_INVALID", "wait_ms"),
         ({"topic": "t", "channel": "c", "msg_timeout_ms": "999"}, "E_INVALID", "msg_timeout_ms"),
