@@ -3,6 +3,7 @@ sweep removing what is past keeping; consumers, a restart, the views and time tr
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -141,18 +142,23 @@ def test_a_dead_letters_channel_row_goes_and_a_redrive_still_delivers_its_body(
 def test_the_sweep_command_runs_retention_with_the_settings(
     server: Server, http: httpx.Client, warehouse: Path
 ) -> None:
-    create_channel(http, "cli", "c")
-    r = http.post(
-        "/topic/configure", params={"topic": "cli", "retention_hours": HOURS, "retention": "fixed"}
-    )
-    assert r.status_code == 200, r.text
-    # Nobody consumes: with "fixed", the topic's rows go anyway once old enough.
-    assert http.post("/mpub", params={"topic": "cli"}, content=b"x\ny").text == "OK"
+    # Two topics without a channel, as old: "taken" keeps rows no channel has taken yet (a
+    # channel created later gets them), "fixed" removes them once old enough regardless.
+    wh = Warehouse(str(warehouse))
+    for topic, mode in (("cli", "fixed"), ("cli_taken", "taken")):
+        assert http.post("/topic/create", params={"topic": topic}).status_code == 200
+        params = {"topic": topic, "retention_hours": HOURS, "retention": mode}
+        r = http.post("/topic/configure", params=params)
+        assert r.status_code == 200, r.text
+        assert http.post("/mpub", params={"topic": topic}, content=b"x\ny").text == "OK"
+        assert server.topic_table(topic).num_rows == 2
+    kept = _ids(wh.topic_path("cli_taken"))
     time.sleep(2.5)
     done = run_deltaq("sweep", "--warehouse", str(warehouse))
     assert done.returncode == 0, done.stderr
-    assert "retention removed" in done.stderr + done.stdout
-    assert _ids(Warehouse(str(warehouse)).topic_path("cli")) == set()
+    assert re.search(r"retention removed [1-9]\d* files", done.stderr + done.stdout), done.stderr
+    assert _ids(wh.topic_path("cli")) == set()
+    assert _ids(wh.topic_path("cli_taken")) == kept and len(kept) == 2
 
 
 @pytest.mark.parametrize(
