@@ -91,24 +91,37 @@ class TcpConsumer(threading.Thread):
         self.stop = threading.Event()
         # Bodies delivered and FIN'd (a FIN has no answer: it may not hold across a cut).
         self.delivered: set[bytes] = set()
+        self.subscribed = False
+        self._socket: socket.socket | None = None
+        self._writing = threading.Lock()
+
+    def send(self, line: bytes) -> None:
+        with self._writing:
+            assert self._socket is not None
+            self._socket.sendall(line)
+
+    def pause(self) -> None:
+        """RDY 0: no more messages (those in flight are FIN'd), still connected."""
+        self.send(b"RDY 0\n")
 
     def run(self) -> None:
         try:
-            s = socket.create_connection((HOST, self.port), timeout=5)
-            s.sendall(b"  V2" + f"SUB {self.topic} {self.channel}\n".encode())
+            s = self._socket = socket.create_connection((HOST, self.port), timeout=5)
+            self.send(b"  V2" + f"SUB {self.topic} {self.channel}\n".encode())
             if frame(s) != (0, b"OK"):
                 return
-            s.sendall(b"RDY 50\n")
+            self.subscribed = True
+            self.send(b"RDY 50\n")
             while not self.stop.is_set():
                 try:
                     kind, data = frame(s)
                 except TimeoutError:
                     continue
                 if kind == 0 and data == b"_heartbeat_":
-                    s.sendall(b"NOP\n")
+                    self.send(b"NOP\n")
                 elif kind == 2:
                     self.delivered.add(data[26:])  # after timestamp, attempts and id
-                    s.sendall(b"FIN " + data[10:26] + b"\n")
+                    self.send(b"FIN " + data[10:26] + b"\n")
         except OSError:
             return
 
@@ -143,10 +156,13 @@ def cut_up_and_check(disk: power_cut.PowerCutDisk, tmp_path: Path, *, ack: str, 
     finished: set[bytes] = set()
     tcp_delivered: set[bytes] = set()
     delivered: set[bytes] = set()  # by /sub, whether or not its /fin was answered
+    # Delivered by /sub and never FIN'd since: their leases must run out and bring them back.
+    held: set[bytes] = set()
     channel_table = warehouse / "channels" / "cut" / "c" / "messages"
     try:
         with httpx.Client(base_url=up.url, timeout=10) as c:
             create_channel(c, "cut", "c")
+            assert c.get("/info").json()["ack"] == ack
         for round_ in range(cuts):
             server = Server(warehouse, port=up.port, tcp_port=up.tcp_port)
             # Topics created by their first publish are the API test's: each is a table more
@@ -167,6 +183,13 @@ def cut_up_and_check(disk: power_cut.PowerCutDisk, tmp_path: Path, *, ack: str, 
                 )
                 time.sleep(0.2)
             time.sleep(rng.uniform(0.5, 4.0))
+            # Leased just before the cut and never FIN'd: the lease must run out after it (the
+            # TCP consumer, which would take them first, asks for no more meanwhile).
+            assert tcp.subscribed, f"round {round_}: the TCP consumer's SUB was refused"
+            tcp.pause()
+            with httpx.Client(base_url=up.url, timeout=10) as c:
+                leased = sub(c, "cut", "c", max=5, wait_ms=3000)
+            assert leased, f"round {round_}: /sub had nothing to lease before the cut"
             assert up.process is not None
             disk.cut(up.process.pid)
             load.halt()
@@ -176,7 +199,14 @@ def cut_up_and_check(disk: power_cut.PowerCutDisk, tmp_path: Path, *, ack: str, 
             acked += load.acked
             finished |= load.finished
             delivered |= load.delivered
+            # Those an earlier cut left leased came back in this round; this cut leaves more.
+            held = (held - load.delivered - tcp.delivered) | {body(m) for m in leased}
             assert load.acked, f"round {round_}: nothing was acknowledged before the cut"
+            if ack == "commit":
+                # Answered OK only once in a committed version: in the table as the cut left
+                # it, before any journal could put it there.
+                in_table = set(power_cut.committed_bodies(warehouse / "topics" / "cut"))
+                assert [b for b in load.acked if b not in in_table] == []
             up.start()
 
         with httpx.Client(base_url=up.url, timeout=30) as c:
@@ -203,5 +233,11 @@ def cut_up_and_check(disk: power_cut.PowerCutDisk, tmp_path: Path, *, ack: str, 
             assert sorted(finished & set(again)) == []
             # ... and the drain ran: every message was delivered, before the cuts or after.
             assert sorted(set(topic) - delivered - tcp_delivered - set(again)) == []
+            # The leases the last cut left open ran out and their messages came back.
+            assert sorted(held - set(again)) == []
+            # Over TCP too: the consumer had messages, and a PUB was answered.
+            assert tcp_delivered and any(b"-t-" in b for b in acked)
+            # The drain's fanout batches (a replayed one included) added no copy.
+            assert Counter(table_bodies(channel_table)) == topic
     finally:
         up.stop()
