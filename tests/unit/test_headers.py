@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from queue_engine.errors import ErrorCode, QueueError
@@ -23,11 +23,27 @@ from queue_engine.headers import (
 # Names and values around the limits (multi-byte characters count as their UTF-8 bytes).
 _text = st.text(st.sampled_from("aé€"), max_size=MAX_VALUE_BYTES // 2 + 40)
 _value = st.one_of(_text, st.integers(), st.none(), st.booleans())
-_headers = st.dictionaries(
+_random_headers = st.dictionaries(
     st.text(st.sampled_from("k€"), max_size=MAX_NAME_BYTES // 3 + 10),
     _value,
     max_size=MAX_HEADERS + 3,
 )
+
+
+def _of_bytes(n: int) -> str:
+    """A text of exactly ``n`` UTF-8 bytes, most of them in 3-byte characters (a count of
+    characters instead of bytes would take it far past the limit)."""
+    return "€" * (n // 3) + "a" * (n % 3)
+
+
+# And each limit exactly, from just under it to just over it: random dictionaries almost
+# never reach them.
+_at_the_limits = st.one_of(
+    st.integers(MAX_HEADERS - 1, MAX_HEADERS + 1).map(lambda n: {f"h{i}": "v" for i in range(n)}),
+    st.integers(MAX_NAME_BYTES - 2, MAX_NAME_BYTES + 2).map(lambda n: {_of_bytes(n): "v"}),
+    st.integers(MAX_VALUE_BYTES - 2, MAX_VALUE_BYTES + 2).map(lambda n: {"k": _of_bytes(n)}),
+)
+_headers = st.one_of(_random_headers, _at_the_limits)
 
 
 def _fits(headers: dict[str, Any]) -> bool:
@@ -41,6 +57,12 @@ def _fits(headers: dict[str, Any]) -> bool:
 
 
 @given(_headers)
+@example({f"h{i}": "v" for i in range(MAX_HEADERS)})
+@example({f"h{i}": "v" for i in range(MAX_HEADERS + 1)})
+@example({_of_bytes(MAX_NAME_BYTES): "v"})
+@example({_of_bytes(MAX_NAME_BYTES + 1): "v"})
+@example({"k": _of_bytes(MAX_VALUE_BYTES)})
+@example({"k": _of_bytes(MAX_VALUE_BYTES + 1)})
 def test_headers_are_taken_exactly_when_they_fit_the_limits(headers: dict[str, Any]) -> None:
     data = json.dumps({"body": "b", "headers": headers}).encode()
     if _fits(headers):
