@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from queue_engine.errors import ErrorCode, QueueError
@@ -120,14 +120,54 @@ _objects = st.dictionaries(st.sampled_from([*NAMES, "other"]), _json, max_size=5
 _bodies = st.one_of(_objects, _objects, _objects, _json)
 
 
+# Values of each type around what fits it: random JSON almost never puts a value of the
+# right kind under a declared field's name.
+_KIND_VALUES = {
+    "STRING": st.text(max_size=8),
+    "BOOLEAN": st.booleans(),
+    "INT": st.one_of(
+        st.integers(-(2**31) - 1, 2**31), st.sampled_from([-(2**31) - 1, -(2**31), 2**31 - 1])
+    ),
+    "BIGINT": st.one_of(
+        st.integers(-(2**63) - 1, 2**63), st.sampled_from([-(2**63) - 1, -(2**63), 2**63 - 1])
+    ),
+    "DOUBLE": st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.integers()),
+    "DATE": st.one_of(_dates, _near_dates),
+    "TIMESTAMP": _timestamps,
+}
+
+
+def _bodies_for(fields: list[tuple[str, str, bool]]) -> st.SearchStrategy[Any]:
+    """Bodies whose declared fields mostly hold values of (or near) their type."""
+    typed = st.fixed_dictionaries(
+        {},
+        optional={
+            **{name: st.one_of(_KIND_VALUES[kind], _json) for name, kind, _ in fields},
+            "other": _json,
+        },
+    )
+    return st.one_of(typed, typed, typed, _bodies)
+
+
+def _draw_bodies(fields: list[tuple[str, str, bool]], data: Any) -> list[Any]:
+    """Bodies drawn for ``fields``, or given as they are by an ``@example``."""
+    if isinstance(data, list):
+        return data
+    return list(data.draw(st.lists(_bodies_for(fields), min_size=1, max_size=6)))
+
+
 def schema_of(fields: list[tuple[str, str, bool]]) -> TopicSchema:
     return parse_schema(", ".join(f"{n} {t}{' NOT NULL' if nn else ''}" for n, t, nn in fields))
 
 
-@given(_schemas, st.lists(_bodies, min_size=1, max_size=6))
+@given(_schemas, st.data())
+@example([("at", "TIMESTAMP", False)], [{"at": "2026-01-31 00:00:00.5+01:00"}])
+@example([("n", "INT", True)], [{"n": -(2**31)}, {"n": 2**31 - 1}])
+@example([("n", "INT", False)], [{"n": -(2**31) - 1}])
 def test_bodies_are_taken_exactly_when_they_fit_and_convert_to_their_values(
-    fields: list[tuple[str, str, bool]], values: list[Any]
+    fields: list[tuple[str, str, bool]], data: Any
 ) -> None:
+    values = _draw_bodies(fields, data)
     schema = schema_of(fields)
     bodies = [json.dumps(v).encode() for v in values]
     first_unfit = None
@@ -152,11 +192,13 @@ def test_bodies_are_taken_exactly_when_they_fit_and_convert_to_their_values(
         assert refused.value.detail.startswith(f"line {first_unfit}: "), refused.value.detail
 
 
-@given(_schemas, st.lists(_bodies, min_size=1, max_size=6))
+@given(_schemas, st.data())
+@example([("at", "TIMESTAMP", False)], [{"at": "2026-01-31 00:00:00.5+01:00"}])
 def test_lenient_conversion_keeps_every_value_that_fits_its_field(
-    fields: list[tuple[str, str, bool]], values: list[Any]
+    fields: list[tuple[str, str, bool]], data: Any
 ) -> None:
     """What the fanout and dead letters use: never refuses, each field on its own."""
+    values = _draw_bodies(fields, data)
     schema = schema_of(fields)
     got = [c.to_pylist() for c in schema.lenient_columns([json.dumps(v).encode() for v in values])]
     want = []
