@@ -116,7 +116,11 @@ def _serve(
         "log_level": server_log_level,
         # Long-polling consumers and bursty producers keep connections; so do we.
         "timeout_keep_alive": 75,
-        "limit_concurrency": settings.max_http_connections or None,
+        # uvicorn counts the connection asking among the open ones: with a limit of N, N - 1
+        # others open already turn it away. max_http_connections are open, one more is not.
+        "limit_concurrency": (settings.max_http_connections + 1)
+        if settings.max_http_connections
+        else None,
     }
     main = _Server(
         uvicorn.Config(plain, host=settings.host, port=settings.port, **common),

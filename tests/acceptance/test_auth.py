@@ -23,7 +23,7 @@ import trustme
 from api.server import is_loopback
 from tests.conftest import HOST, ROOT, Server, free_port, wait_until
 from tests.consumers import channel_stats
-from tests.nsq_wire import ERROR, RESPONSE, Nsqd, Wire, identify, sized
+from tests.nsq_wire import ERROR, RESPONSE, Nsqd, Wire, identify, mpub_body, sized
 
 
 def make_token(path: Path, name: str, *roles: str, topic: str | None = None) -> str:
@@ -128,6 +128,13 @@ def test_tcp_auth_with_tokens(
     w.send(b"SUB orders1 c\n")
     assert w.frame() == (ERROR, b"E_AUTH_FIRST AUTH required before SUB")
     assert w.closed()
+    # Publishing too needs AUTH first, each command by its name.
+    for command in (b"PUB orders1\n" + sized(b"x"), b"MPUB orders1\n" + mpub_body([b"x"])):
+        w = Wire(server.tcp_port)
+        w.send(command)
+        name = command.split(b" ")[0]
+        assert w.frame() == (ERROR, b"E_AUTH_FIRST AUTH required before " + name)
+        assert w.closed()
 
     w = Wire(server.tcp_port)
     w.send(b"AUTH\n" + sized(b"wrong"))
@@ -153,6 +160,22 @@ def test_tcp_auth_with_tokens(
     w.send(b"SUB orders1 c\n")
     assert w.frame() == (ERROR, b'E_UNAUTHORIZED AUTH failed for SUB on "orders1" "c"')
     assert w.closed()
+    # The publish token's topics are orders*: another topic is refused, by PUB as by MPUB.
+    for command in (b"PUB payments\n" + sized(b"x"), b"MPUB payments\n" + mpub_body([b"x"])):
+        w = Wire(server.tcp_port)
+        w.send(b"AUTH\n" + sized(made["publish"].encode()))
+        w.frame()
+        w.send(command)
+        name = command.split(b" ")[0]
+        want = b"E_UNAUTHORIZED AUTH failed for " + name + b' on "payments" ""'
+        assert w.frame() == (ERROR, want)
+        assert w.closed()
+    # The consume token subscribes.
+    w = Wire(server.tcp_port)
+    w.send(b"AUTH\n" + sized(made["consume"].encode()))
+    w.frame()
+    w.send(b"SUB orders1 c\n")
+    assert w.frame() == (RESPONSE, b"OK")
 
 
 class _AuthServer(BaseHTTPRequestHandler):
@@ -335,8 +358,11 @@ def test_caps_answer_clearly(server_factory: type[Server], tmp_path: Path) -> No
         assert first.status_code == 200 and first.json() == {"messages": []}
 
     # Three HTTP connections open: a fourth is turned away, and served once they close.
-    # (Each ping is a connection of its own: 503 once the server counts the three.)
-    sockets = [socket.create_connection((HOST, server.port)) for _ in range(3)]
+    # (Each ping is a connection of its own: 503 once the server counts the three.) Two open:
+    # the third is served.
+    sockets = [socket.create_connection((HOST, server.port)) for _ in range(2)]
+    assert httpx.get(f"{server.url}/ping", timeout=10).text == "OK"
+    sockets.append(socket.create_connection((HOST, server.port)))
     wait_until(
         lambda: httpx.get(f"{server.url}/ping", timeout=10).status_code == 503,
         "a fourth HTTP connection turned away while three are open",
