@@ -49,6 +49,9 @@ def test_deferrals_past_an_hour_survive_restarts_a_kill_and_a_sweep(
             "/pub", params={"topic": "later", "defer": str(WEEK_MS + 1)}, content=b"x"
         )
         assert too_far.status_code == 400 and too_far.json()["message"] == "INVALID_DEFER"
+        # A week itself is taken (on a topic of its own: it must not come due here).
+        week = http.post("/pub", params={"topic": "a_week", "defer": str(WEEK_MS)}, content=b"w")
+        assert week.text == "OK", week.text
         # A short one that must come due after the restarts below, not before (they take
         # ~20 s on a loaded 2-core machine; the test fails, saying so, if they outlast it).
         soon_ms = 60_000

@@ -180,7 +180,13 @@ def test_topic_depth_counts_what_no_channel_has_taken(http: httpx.Client) -> Non
     # A paused topic is not fanned out: its new messages stay in its depth.
     assert http.post("/topic/pause", params={"topic": "tdepth"}).status_code == 200
     publish(http, "tdepth", b"x", b"y", b"z")
-    time.sleep(1.0)
+    # A topic beside it, published to afterwards, is fanned out: a fanout batch ran since.
+    create_channel(http, "tdepth_beside", "c")
+    publish(http, "tdepth_beside", b"after")
+    deadline = time.monotonic() + 30
+    while channel_stats(http, "tdepth_beside", "c")["depth"] < 1:
+        assert time.monotonic() < deadline, "the fanout took nothing from the topic beside"
+        time.sleep(0.1)
     assert _topic_depth(http, "tdepth") == 3
     assert http.post("/topic/unpause", params={"topic": "tdepth"}).status_code == 200
     _await_depth(http, "tdepth", 0)
