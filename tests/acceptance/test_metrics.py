@@ -45,6 +45,8 @@ def test_metrics_follow_the_queue(
     create_channel(http, "m", "c")
     for i in range(5):
         assert http.post("/pub", params={"topic": "m"}, content=f"m{i}".encode()).text == "OK"
+    # A topic no channel takes from: its depth is its backlog.
+    assert http.post("/mpub", params={"topic": "m_kept"}, content=b"k1\nk2").text == "OK"
     # Acknowledged publishes reach the topic table a commit or two apart (the first at once,
     # the rest after the topic's linger): take two leases, then let the fanout bring all five.
     leased: list[dict[str, object]] = []
@@ -65,6 +67,12 @@ def test_metrics_follow_the_queue(
     channel = (("channel", "c"), ("topic", "m"))
     assert samples[("deltaq_topic_messages_total", topic)] == 5
     assert samples[("deltaq_topic_depth", topic)] == 0
+    assert samples[("deltaq_topic_depth", (("topic", "m_kept"),))] == 2
+    # Every byte of the five bodies, committed.
+    assert samples[("deltaq_topic_published_bytes_total", topic)] == sum(
+        len(f"m{i}") for i in range(5)
+    )
+    assert samples[("deltaq_channel_clients", channel)] == 1
     # The topic table's newest version (it took a commit or two: at least version 1).
     version = DeltaTable(Warehouse(str(warehouse)).topic_path("m")).version()
     assert version >= 1 and samples[("deltaq_topic_delta_version", topic)] == version
