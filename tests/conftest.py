@@ -30,10 +30,20 @@ HOST = "127.0.0.1"
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# Ports free_port() gave this process: the kernel may hand a port out again as soon as the
+# probing socket closes, so two calls in a row (a server's HTTP and TCP ports) could get the
+# same one before either is bound.
+_given_ports: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
+    while True:
+        with socket.socket() as s:
+            s.bind((HOST, 0))
+            port = int(s.getsockname()[1])
+        if port not in _given_ports:
+            _given_ports.add(port)
+            return port
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30) -> None:

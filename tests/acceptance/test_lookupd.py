@@ -71,6 +71,12 @@ def eventually(check: Callable[[], bool], lookupd: Lookupd | None = None) -> Non
         time.sleep(0.1)
 
 
+def _topics_of(lookupd: Lookupd, tcp_port: int) -> list[str]:
+    """The topics lookupd's /nodes lists for the producer on ``tcp_port``."""
+    nodes = {n["tcp_port"]: n for n in lookupd.get("/nodes")["producers"]}
+    return list(nodes.get(tcp_port, {}).get("topics", []))
+
+
 def producers(lookupd: Lookupd, topic: str) -> dict[int, dict[str, Any]]:
     """The producers lookupd lists for ``topic``, by TCP port."""
     answer = httpx.get(f"http://{HOST}:{lookupd.http_port}/lookup", params={"topic": topic})
@@ -153,7 +159,10 @@ def test_nodes_register_with_nsqlookupd_as_nsqd_does(
         # nsqlookupd keeps a channel's name once registered; the producers go.
         eventually(lambda: not lookupd.get("/debug").get("channel:t:c"), lookupd)
         assert httpx.post(f"{server.url}/topic/delete", params={"topic": "t"}).is_success
-        eventually(lambda: server.tcp_port not in producers(lookupd, "t"))
+        # Unregistered (/lookup hid the node already, since its tombstone): gone from the
+        # node's topics in /nodes, while nsqd still has its own.
+        eventually(lambda: "t" not in _topics_of(lookupd, server.tcp_port), lookupd)
+        assert "t" in _topics_of(lookupd, nsqd.tcp_port)
         assert nsqd.tcp_port in producers(lookupd, "t")
     finally:
         fanout.stop()
