@@ -304,7 +304,9 @@ def table_bodies(path: Path) -> list[bytes]:
 def committed_bodies(path: Path) -> list[bytes]:
     """The bodies of a table as its log says, read from version 0 up to the first commit that
     is missing or does not parse (what a cut may leave at the tail, which only a start sets
-    aside): the table as a reader sees it right after a cut, before anything repairs it."""
+    aside): the table as a reader sees it right after a cut, before anything repairs it.
+    (``commit_log.live_files`` replays the same log but raises at a commit that does not
+    parse: a start repairs those first.)"""
     live: dict[str, None] = {}
     version = 0
     while True:

@@ -16,7 +16,6 @@ the user has chosen, and deltaq leaves Spark's scratch space alone.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import logging
 import os
@@ -50,8 +49,11 @@ def local_dir() -> str | None:
     global _held
     if os.environ.get("SPARK_LOCAL_DIRS"):
         return None
-    if _held is not None and _held[0].is_dir():
-        return str(_held[0])
+    if _held is not None:
+        if _held[0].is_dir():
+            return str(_held[0])
+        os.close(_held[1])  # removed under it (a cleaner of /tmp): take a new one
+        _held = None
     parent = root()
     try:
         parent.mkdir(mode=0o700, exist_ok=True)
@@ -93,21 +95,23 @@ def sweep(parent: Path) -> list[Path]:
 
 
 def _stale(entry: Path) -> bool:
+    """Whether ``entry``'s driver is gone: its lock can be taken (or, without a lock file,
+    it is older than UNLOCKED_GRACE_S)."""
     try:
         fd = os.open(entry / LOCK, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
-        with contextlib.suppress(OSError):
+        try:
             return entry.is_dir() and time.time() - entry.stat().st_mtime > UNLOCKED_GRACE_S
-        return False
+        except OSError:
+            return False
     except OSError:
         return False
     try:
+        # Taken, it is dropped again when fd closes: nobody takes over a dead driver's
+        # directory (a driver starting makes one of its own).
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False  # its driver holds it
-    except OSError:
+        return True
+    except OSError:  # BlockingIOError: its driver holds it
         return False
     finally:
-        # Closing drops a lock taken: a driver starting now makes a directory of its own.
         os.close(fd)
-    return True

@@ -57,7 +57,7 @@ def test_topics_that_turn_busy_together_are_paced_as_they_come() -> None:
 
 
 def test_an_idle_writer_counts_its_linger_from_its_first_publish(tmp_path: Path) -> None:
-    from queue_engine.store.delta import open_or_create
+    from queue_engine.store.delta import commit_info, open_or_create
     from queue_engine.store.tables import TOPIC_SCHEMA, TopicWriter
     from tests.integration.test_topic_writer import Results, now_us
 
@@ -81,13 +81,15 @@ def test_an_idle_writer_counts_its_linger_from_its_first_publish(tmp_path: Path)
         # Busy (within its linger of the previous commit): the linger after that commit.
         writer.linger = lambda idle: 60.0 if idle else 1.0
         writer.submit_publish([b"m2"], now_us(), None, 2)
-        time.sleep(0.5)
-        assert len(results.done) == 2, "a busy writer committed before its linger"
         results.wait(3, timeout=10)
     finally:
         writer.close()
     assert all(error is None for error in results.done.values())
     assert DeltaTable(path).to_pyarrow_table().num_rows == 3
+    # m2's commit (version 3) came its linger after m1's drain began: the commit times in the
+    # log are that far apart, less m1's own commit (at once, it would be milliseconds).
+    m1, m2 = (commit_info(path, v) or {} for v in (2, 3))
+    assert int(str(m2["timestamp"])) - int(str(m1["timestamp"])) >= 500, (m1, m2)
 
 
 def _commit_times(topic_log: Path) -> list[float]:
