@@ -135,6 +135,9 @@ def families(
     c_messages = counter("channel_messages", "Messages the channel's table holds.", _TC)
     c_requeues = counter("channel_requeued", "Messages requeued (REQ) on this channel.", _TC)
     c_timeouts = counter("channel_timed_out", "Leases that ended by timeout.", _TC)
+    c_finished = counter(
+        "channel_finished", "Messages finished (FIN) on this channel since the API started.", _TC
+    )
     c_lag = gauge(
         "channel_fanout_lag_versions",
         "Topic versions committed that the fanout has not yet put in this channel.",
@@ -168,6 +171,7 @@ def families(
             c_messages.add_metric(labels, c.message_count)
             c_requeues.add_metric(labels, c.requeue_count)
             c_timeouts.add_metric(labels, c.timeout_count)
+            c_finished.add_metric(labels, c.finish_count)
             c_lag.add_metric(labels, max(0, t.version - c.fanned_topic_version))
             meta = sweeps.get((t.name, c.name))
             if meta is not None:
@@ -195,6 +199,7 @@ def families(
         c_messages,
         c_requeues,
         c_timeouts,
+        c_finished,
         c_lag,
         c_swept,
         c_sweep_s,

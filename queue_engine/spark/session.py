@@ -356,14 +356,47 @@ def local_java_options() -> str:
     return os.environ.get("DELTAQ_SPARK_JAVA_OPTIONS", LOCAL_JAVA_OPTIONS)
 
 
+# Local drivers' JVM logs kept in $TMPDIR/deltaq-spark (for a look after a crash): a driver
+# that starts removes all but the newest, so a jobs process restarted over and over does not
+# fill the directory.
+JVM_LOGS_KEPT = 50
+
+
+def jvm_log_path(log_dir: str | None = None) -> str:
+    """This process's JVM log, in ``log_dir`` (default ``$TMPDIR/deltaq-spark``), after
+    removing the logs there beyond the newest JVM_LOGS_KEPT, but for running processes'."""
+    import tempfile
+
+    log_dir = log_dir or os.path.join(tempfile.gettempdir(), "deltaq-spark")
+    os.makedirs(log_dir, exist_ok=True)
+    logs: list[tuple[float, str, str]] = []
+    for entry in os.scandir(log_dir):
+        if entry.name.startswith("jvm-") and entry.name.endswith(".log"):
+            with contextlib.suppress(FileNotFoundError):
+                logs.append((entry.stat().st_mtime, entry.path, entry.name[4:-4]))
+    logs.sort(reverse=True)
+    for _, path, pid in logs[JVM_LOGS_KEPT:]:
+        if pid.isdigit() and _running(int(pid)):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    return os.path.join(log_dir, f"jvm-{os.getpid()}.log")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
+
+
 def _with_jvm_stderr_to_file(builder: SparkSession.Builder) -> SparkSession:
     """Start the JVM with its stderr going to a log file: the JVM inherits file descriptor 2
     when PySpark launches it, so point that at the file while it starts."""
-    import tempfile
-
-    log_dir = os.path.join(tempfile.gettempdir(), "deltaq-spark")
-    os.makedirs(log_dir, exist_ok=True)
-    path = os.path.join(log_dir, f"jvm-{os.getpid()}.log")
+    path = jvm_log_path()
     sys.stderr.flush()
     saved = os.dup(2)
     with open(path, "ab") as log_file:

@@ -384,26 +384,39 @@ def test_caps_answer_clearly(server_factory: type[Server], tmp_path: Path) -> No
         assert w.frame() == (RESPONSE, b"OK")
 
 
-def test_listening_beyond_loopback_without_auth_warns(tmp_path: Path) -> None:
-    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
-    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
-    port = free_port()
+def _startup_lines(tmp_path: Path, *options: str) -> list[str]:
+    """What ``deltaq api`` logs up to its startup's end, with ``options``."""
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "deltaq", "api", "--warehouse", str(tmp_path / "wh")),
-            *("--host", "0.0.0.0", "--port", str(port), "--tcp-port", "0"),
+            *("--port", str(free_port()), "--tcp-port", "0", *options),
         ],
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
     )
+    lines: list[str] = []
     try:
         assert proc.stderr is not None
         deadline = time.monotonic() + 30
-        line = ""
-        while time.monotonic() < deadline and "without authentication" not in line:
-            line = proc.stderr.readline()
-        assert "WARNING" in line and "listening on 0.0.0.0 without authentication" in line
+        while time.monotonic() < deadline and not any("startup complete" in x for x in lines):
+            lines.append(proc.stderr.readline())
+        assert any("startup complete" in x for x in lines), lines
     finally:
         proc.terminate()
         proc.wait(30)
+    return lines
+
+
+def test_listening_beyond_loopback_without_auth_warns(
+    tmp_path: Path, tokens: tuple[Path, dict[str, str]]
+) -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
+    [line] = [x for x in _startup_lines(tmp_path, "--host", "0.0.0.0") if "authentication" in x]
+    assert "WARNING" in line and "listening on 0.0.0.0 without authentication" in line
+    # With tokens on the same address, or without them on loopback: no warning.
+    path, _ = tokens
+    with_auth = _startup_lines(tmp_path, "--host", "0.0.0.0", "--auth-tokens-file", str(path))
+    on_loopback = _startup_lines(tmp_path, "--host", "127.0.0.1")
+    assert not [x for x in with_auth + on_loopback if "authentication" in x or "WARNING" in x]

@@ -131,7 +131,7 @@ def test_an_http_consumer_without_a_name_is_one_client_with_its_answers(
     assert (client["message_count"], client["finish_count"], client["requeue_count"]) == (4, 3, 1)
 
 
-def test_req_with_and_without_delay(http: httpx.Client) -> None:
+def test_req_with_and_without_delay(http: httpx.Client, warehouse: Path) -> None:
     assert http.post("/pub", params={"topic": "rq"}, content=b"again").text == "OK"
     create_channel(http, "rq", "c")
     # The first channel of a topic receives what the topic buffered.
@@ -150,6 +150,10 @@ def test_req_with_and_without_delay(http: httpx.Client) -> None:
     assert answer(http, "req", "rq", "c", m3, delay_ms=10**9).text == "OK"
     stats = channel_stats(http, "rq", "c")
     assert stats["requeue_count"] == 3 and stats["deferred_count"] == 1
+    # The REQ is answered once its ledger commit landed: the deferral it recorded is 5 s.
+    ledger = read_ledger(Warehouse(str(warehouse)).channel_ledger_path("rq", "c"))[0]
+    [req] = [e for e in ledger if e.kind == "REQ" and e.attempt == 3]
+    assert req.deliver_at_us is not None and req.deliver_at_us - req.at_us == 5_000_000
 
 
 def test_touch_keeps_a_lease_past_its_first_timeout_and_expired_leases_come_back(
@@ -227,7 +231,8 @@ def test_channel_empty_drops_ready_deferred_and_in_flight_for_good(
     [m] = sub(http, "em", "c", max=10, wait_ms=10000)
     assert body(m) == b"after"
     assert answer(http, "fin", "em", "c", m).text == "OK"
-    time.sleep(3)
+    # Past the deferral's time (3 s after its publish) in this process, then after a restart.
+    assert sub(http, "em", "c", max=10, wait_ms=3000) == []
     server.stop()
     server.start()
     assert sub(http, "em", "c", max=10, wait_ms=1500) == []

@@ -11,7 +11,12 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from queue_engine.store.tables import CHANNEL_MESSAGES_SCHEMA, HEADERS_TYPE, Warehouse
+from queue_engine.store.tables import (
+    CHANNEL_MESSAGES_SCHEMA,
+    HEADERS_TYPE,
+    Warehouse,
+    read_ledger,
+)
 from tests.conftest import Server
 from tests.consumers import answer, body, channel_stats, create_channel, sub
 
@@ -56,7 +61,7 @@ def test_bad_sub_parameters(
     assert expected in answer["reason"], answer
 
 
-def test_bad_answers(client: httpx.Client) -> None:
+def test_bad_answers(client: httpx.Client, shared_server: Server) -> None:
     assert sub(client, "bad", "c", wait_ms=0) == []
     base = {"topic": "bad", "channel": "c"}
     cases: list[tuple[str, dict[str, Any], bytes, int, str]] = [
@@ -113,6 +118,8 @@ def test_bad_answers(client: httpx.Client) -> None:
             assert r.json()["failed"] == ["0123456789abcdef"]
     # Nothing was written to the ledger by any of them.
     assert channel_stats(client, "bad", "c")["requeue_count"] == 0
+    ledger = Warehouse(str(shared_server.warehouse)).channel_ledger_path("bad", "c")
+    assert read_ledger(ledger)[0] == []
 
 
 def test_sub_fin_req_touch_round_trip(client: httpx.Client, shared_server: Server) -> None:

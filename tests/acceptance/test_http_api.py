@@ -61,6 +61,8 @@ def test_info(client: httpx.Client, shared_server: Server) -> None:
     assert info["version"] == "1.3.0"
     assert info["http_port"] == shared_server.port
     assert {"broadcast_address", "hostname", "tcp_port", "start_time"} <= info.keys()
+    # The address NSQ's clients connect to: this server's, not nsqd's default.
+    assert info["tcp_port"] == shared_server.tcp_port != 4150
     assert r.headers["x-nsq-content-type"] == "nsq; version=1.0"
 
 
@@ -171,9 +173,13 @@ def test_pub_invalid_defer(client: httpx.Client, value: str) -> None:
     assert_error(r, 400, "INVALID_DEFER")
 
 
-def test_pub_max_defer_is_allowed(client: httpx.Client) -> None:
-    r = client.post("/pub", params={"topic": topic_name(), "defer": "60000"}, content=b"x")
+def test_pub_max_defer_is_allowed(client: httpx.Client, shared_server: Server) -> None:
+    topic = topic_name()
+    r = client.post("/pub", params={"topic": topic, "defer": "60000"}, content=b"x")
     assert r.status_code == 200
+    [row] = shared_server.topic_table(topic).to_pylist()
+    delta = row["deliver_at"] - row["published_at"]
+    assert delta.total_seconds() == pytest.approx(60.0, abs=0.001)
 
 
 def test_pub_errors(client: httpx.Client, shared_server: Server) -> None:

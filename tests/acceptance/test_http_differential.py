@@ -3,6 +3,7 @@ reference nsqd 1.3.0 and to deltaq get the same status, error body and ``Allow``
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -111,6 +112,30 @@ def test_http_answers_match_nsqd(nsqd: Nsqd, server_factory: type[Server], tmp_p
         if ours != theirs:
             different.append(f"{method} {path[:50]}: nsqd {theirs}, deltaq {ours}")
     assert not different, "\n".join(different)
+    # And what the requests left behind: the refused ones nothing, the others the same topics,
+    # messages (the empty line of an /mpub skipped) and channels. deltaq counts a topic's
+    # messages once committed to its table: a commit after the acknowledgement.
+    expected = _state(reference)
+    assert expected == [("t", 3, False, [("c", False)])]
+    deadline = time.monotonic() + 10
+    while _state(server.url) != expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _state(server.url) == expected
+
+
+def _state(base: str) -> list[tuple[str, int, bool, list[tuple[str, bool]]]]:
+    """Each topic in ``/stats``: its name, message count, whether paused, and its channels'
+    names and whether paused."""
+    topics = httpx.get(f"{base}/stats?format=json", timeout=10).json()["topics"] or []
+    return sorted(
+        (
+            t["topic_name"],
+            t["message_count"],
+            t["paused"],
+            sorted((c["channel_name"], c["paused"]) for c in t["channels"]),
+        )
+        for t in topics
+    )
 
 
 def _topics(base: str, query: str) -> object:

@@ -18,7 +18,7 @@ from queue_engine.lease import EventKind, fold
 from queue_engine.spark.sweep import sweep
 from queue_engine.spark.views import register_views
 from queue_engine.store.tables import Warehouse, read_ledger
-from tests.conftest import Server, run_deltaq
+from tests.conftest import Server, run_deltaq, wait_until
 from tests.consumers import answer, body, channel_stats, create_channel, sub, sub_all
 
 
@@ -154,11 +154,17 @@ def test_dead_letters_stay_dead_across_a_restart_and_a_kill(
     with httpx.Client(base_url=server.url, timeout=30) as c:
         assert channel_stats(c, dl, "c")["dead_count"] == 3
         assert sub(c, dl, "c", max=10, wait_ms=300) == []
+        # Dead-lettered right before a kill: the SUB that buries them answers once that is
+        # committed.
+        killed = own("dl")
+        _dead_lettered(c, killed)
     server.kill9()
     server.start()
     with httpx.Client(base_url=server.url, timeout=30) as c:
         assert channel_stats(c, dl, "c")["dead_count"] == 3
         assert channel_stats(c, dl, "c")["max_attempts"] == 2
+        assert channel_stats(c, killed, "c")["dead_count"] == 3
+        assert sub(c, killed, "c", max=10, wait_ms=300) == []
 
 
 def test_redrive_named_then_all_resets_attempts_once(server: Server) -> None:
@@ -336,9 +342,7 @@ def test_a_messages_own_ttl_replaces_the_topics_and_outlives_a_restart(
             "/pub", params={"topic": "own", "ttl_ms": "1000", "defer": "5000"}, content=b"d"
         )
         assert r.text == "OK"
-        deadline = time.monotonic() + 30
-        while channel_stats(http, "own", "c")["depth"] < 5 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: channel_stats(http, "own", "c")["depth"] == 5, "five in the channel")
     # The expiries are in the rows, not in the API's memory.
     server.stop()
     time.sleep(2.0)

@@ -113,6 +113,37 @@ def test_metrics_follow_the_queue(
     assert "/numpy/" not in mapped and "/pandas/" not in mapped
     assert samples[("deltaq_build_info", (("nsqd_version", "1.3.0"), ("version", "0.1.0")))] == 1
 
+    # A REQ with a delay: requeued and deferred. A lease of 1 s (the least) left to lapse:
+    # timed out.
+    assert samples[("deltaq_channel_requeued_total", channel)] == 0
+    assert samples[("deltaq_channel_timed_out_total", channel)] == 0
+    assert samples[("deltaq_channel_deferred", channel)] == 0
+    r = http.post(
+        "/req",
+        params={"topic": "m", "channel": "c", "delay_ms": "600000"},
+        content=f"{leased[0]['id']} {leased[0]['lease']}",
+    )
+    assert r.text == "OK"
+    [short] = sub(http, "m", "c", max=1, wait_ms=1000, msg_timeout_ms=1000)
+    deadline = time.monotonic() + 30
+    while scrape(http)[("deltaq_channel_timed_out_total", channel)] < 1:
+        assert time.monotonic() < deadline, "the 1 s lease never timed out"
+        time.sleep(0.1)
+    samples = scrape(http)
+    assert samples[("deltaq_channel_timed_out_total", channel)] == 1
+    assert samples[("deltaq_channel_requeued_total", channel)] == 1
+    assert samples[("deltaq_channel_deferred", channel)] == 1
+    # Of the five: one deferred, one still leased (leased[1]), three ready again.
+    assert samples[("deltaq_channel_in_flight", channel)] == 1
+    assert samples[("deltaq_channel_depth", channel)] == 3
+    assert short["id"] not in (leased[0]["id"], leased[1]["id"])
+    assert samples[("deltaq_channel_finished_total", channel)] == 0
+    fin = f"{leased[1]['id']} {leased[1]['lease']}"
+    assert http.post("/fin", params={"topic": "m", "channel": "c"}, content=fin).text == "OK"
+    samples = scrape(http)
+    assert samples[("deltaq_channel_finished_total", channel)] == 1
+    assert samples[("deltaq_channel_in_flight", channel)] == 0
+
     assert http.post("/channel/pause", params={"topic": "m", "channel": "c"}).is_success
     assert scrape(http)[("deltaq_channel_paused", channel)] == 1
 

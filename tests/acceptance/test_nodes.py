@@ -392,13 +392,21 @@ def test_on_an_object_store_a_dead_nodes_channel_moves_once_its_lane_lapses(
     _wait_for_lanes({first.url: set(range(LANES)) - {lane}, second.url: {lane}}, "t")
 
     first.kill9()
+    killed = time.monotonic()
     # Until the first's lane lapses the second serves its own share only; then every share.
-    deadline = time.monotonic() + 30
+    # The first renewed its lane at most a third of the lease (1 s) before it died: the lane
+    # lapses 2-3 s after the kill, and not before.
+    deadline = killed + 30
+    moved = None
     while (served := _lanes(second.url, "t")) != set(range(LANES)):
         assert time.monotonic() < deadline, served
         # (Nothing while it restores the channel with every share.)
         assert served in ({lane}, set()), served
-        time.sleep(0.5)
+        if served != {lane} and moved is None:
+            moved = time.monotonic()
+        time.sleep(0.2)
+    moved = moved or time.monotonic()
+    assert moved - killed >= 1.8, f"the lane was taken {moved - killed:.1f} s after the kill"
     assert "took channel t/c lanes" in second.log()
 
 

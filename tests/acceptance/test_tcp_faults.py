@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -82,7 +83,9 @@ def test_slowloris_partial_frames_hit_the_read_deadline(server: Server) -> None:
 def test_a_client_that_never_reads_is_dropped_and_its_messages_requeued(server: Server) -> None:
     topic = "never_reads"
     stuck = Wire(server.tcp_port, receive_buffer=4096)
-    stuck.send(identify(client_id="stuck", heartbeat_interval=1000))
+    # Its leases last a minute: only the requeue at the drop, not their timeout (the server's
+    # 2 s default), can bring its messages to the next consumer in time.
+    stuck.send(identify(client_id="stuck", heartbeat_interval=1000, msg_timeout=60_000))
     stuck.send(f"SUB {topic} c\nRDY 100\n".encode())
     big = [bytes([65 + i % 26]) * (512 * 1024) for i in range(40)]
     with httpx.Client(base_url=server.url, timeout=60) as http:
@@ -108,6 +111,10 @@ def test_a_client_that_never_reads_is_dropped_and_its_messages_requeued(server: 
         other.send(b"FIN " + message.id + b"\n")
     assert sorted(bodies) == sorted(big)
     other.close()
+    # Requeued as the dropped client's REQs, none timed out.
+    events, _ = read_ledger(Warehouse(str(server.warehouse)).channel_ledger_path(topic, "c"))
+    assert any(e.kind is EventKind.REQ for e in events)
+    assert not any(e.kind is EventKind.TIMEOUT for e in events)
     _still_serving(server)
 
 
@@ -204,6 +211,10 @@ def test_kill9_while_tcp_consumers_run_loses_nothing_and_resurrects_nothing(
     # Nothing FIN'd (in the ledger) came back: no attempt after the finished one was delivered.
     ledger = Warehouse(str(server.warehouse)).channel_ledger_path(topic, "c")
     events, _ = read_ledger(ledger)
+    # Each message FIN'd once, and never delivered after the attempt that was FIN'd (a FIN
+    # the kill lost is not in the ledger: its message came back, and was FIN'd then).
+    fins = Counter(e.id for e in events if e.kind is EventKind.FIN)
+    assert max(fins.values()) == 1, fins.most_common(3)
     finished = {e.id: e.attempt for e in events if e.kind is EventKind.FIN}
     assert len(finished) >= before // 2
     resurrected = [(b, i, a) for b, i, a in received if i in finished and a > finished[i]]

@@ -127,7 +127,10 @@ def test_fitting_bodies_land_as_typed_columns_and_consumers_get_the_body_as_sent
         (b'{"sku": "a", "gift": 1}', "field gift: expected BOOLEAN"),
         (b'{"sku": "a", "day": "2026-02-30"}', "field day: expected DATE"),
         (b'{"sku": "a", "placed_at": "2026-01-31"}', "field placed_at: expected TIMESTAMP"),
-        (b'{"sku": "a", "placed_at": "2026-01-31T12:00:00"}', "field placed_at"),
+        (
+            b'{"sku": "a", "placed_at": "2026-01-31T12:00:00"}',
+            "field placed_at: expected TIMESTAMP: an RFC 3339 time with its zone",
+        ),
         (b'["sku"]', "a typed topic takes a JSON object, not an array"),
         (b"sku=a", "not JSON"),
         (b'{"sku": "a"} {"sku": "b"}', "not JSON"),

@@ -100,6 +100,8 @@ def test_nothing_up_started_outlives_it_killed_before_it_was_ready(
         # Half a second after /ping first answered: Spark is still starting in the child.
         time.sleep(0.5)
         assert "deltaq ready" not in log_path.read_text(errors="replace")
+        # The jobs process leads a session of its own: what this test watches.
+        assert jobs_pid in in_session(jobs_pid), "the jobs session is not the one watched"
         process.send_signal(sig)
         process.wait(60)
         deadline = time.monotonic() + 15

@@ -11,7 +11,7 @@ from deltalake import DeltaTable
 
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.lease import EventKind, LeaseEvent
-from queue_engine.store.delta import WriterClosedError
+from queue_engine.store.delta import WriterClosedError, fast_path_allowed
 from queue_engine.store.storage import move_if_absent, put_if_absent
 from queue_engine.store.tables import (
     EVENT_BYTES,
@@ -180,12 +180,23 @@ def test_remote_or_unsupported_ledgers_keep_the_commit_thread(tmp_path: Path) ->
     # A table feature the fast appender does not honour: delta-rs appends, from a thread.
     DeltaTable(path).alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
 
+    plain = str(tmp_path / "plain")
+    LedgerWriter(plain, lambda tokens, error: None).close()
+
     async def scenario() -> None:
-        writer = open_ledger_writer(path, asyncio.get_running_loop(), lambda t, e: None)
+        loop = asyncio.get_running_loop()
+        writer = open_ledger_writer(path, loop, lambda t, e: None)
         assert isinstance(writer, LedgerWriter)
         writer.close()
+        # The control: a plain local ledger is appended on the loop.
+        fast = open_ledger_writer(plain, loop, lambda t, e: None)
+        assert isinstance(fast, LoopLedgerWriter)
+        fast.close()
 
     asyncio.run(scenario())
+    # An object store's ledger, whatever its protocol: never the local fast path.
+    assert fast_path_allowed(plain)
+    assert not fast_path_allowed("s3://bucket/ledger", DeltaTable(plain))
 
 
 @pytest.mark.parametrize("renameat2", [True, False], ids=["renameat2", "link-fallback"])

@@ -315,11 +315,14 @@ def test_dead_letter_rows_go_once_redriven_long_enough(tmp_path: Path) -> None:
 
     # Judged by the sweep at swept + 1 h: all three dead then, so every row stays.
     report = apply_retention(wh, _registry(_topic("t", "c")), policy, swept + 3.5 * HOUR)
+    assert report.files_removed == 0
     assert _ids_in(wh.channel_dead_path("t", "c")) == set(everything)
-    # Judged by the newest: the redriven ones' rows go, the dead one's stays.
+    # Judged by the newest: the redriven ones' dead-letter files go, the dead one's stays,
+    # and so does the channel's file (the redriven message is ready in it).
     report = apply_retention(wh, _registry(_topic("t", "c")), policy, swept + 5 * HOUR)
-    assert report.files_removed >= 2
+    assert report.files_removed == 2
     assert _ids_in(wh.channel_dead_path("t", "c")) == set(dead)
+    assert _ids_in(wh.channel_messages_path("t", "c")) == set(everything)
 
 
 def test_the_old_state_is_found_among_many_sweeps(tmp_path: Path) -> None:

@@ -18,13 +18,14 @@ from queue_engine.store.delta import (
     ConstraintViolation,
     DeltaRsAppender,
     LocalAppender,
-    RefusedAppender,
+    ProtocolChangedError,
     RefusedCommit,
     RemovalConflict,
+    TableRefusedError,
     added_files,
     append_or_fall_back,
-    appender_for,
     commit_refusal,
+    group_commit,
     open_or_create,
     protocol_refusal,
     removal_supported,
@@ -75,13 +76,14 @@ def test_a_constraint_added_before_a_checkpoint_is_honoured_after_it(tmp_path: P
     writer.submit_publish([b"before"], now_us(), None, "before")
     results.wait(1)
     # Every row so far passes it; every later publish breaks it.
-    now = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 1))
-    time.sleep(1.1)
+    # (The later publishes say they were published two minutes from now.)
+    now = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 60))
     DeltaTable(path).alter.add_constraint({"published_before": f"published_at < '{now}'"})
     DeltaTable(path).create_checkpoint()
     writer.request_reopen()
     for i in range(5):
-        writer.submit_publish([f"after{i}".encode()], now_us(), None, f"after{i}")
+        later = now_us() + 120_000_000
+        writer.submit_publish([f"after{i}".encode()], later, None, f"after{i}")
     results.wait(6)
     writer.close()
     assert results.done["before"] is None
@@ -132,8 +134,12 @@ def test_a_log_cleaned_up_under_the_appender_makes_it_judge_again(tmp_path: Path
     DeltaTable(path).create_checkpoint()
     Path(f"{path}/_delta_log/{3:020d}.json").unlink()  # as log cleanup would, past a checkpoint
     appender.reopen(3)
-    with pytest.raises(Exception, match="gone from the log"):
+    with pytest.raises(ProtocolChangedError, match="gone from the log"):
         appender.append(batch(1, 200))
+    # Judged again from the table as it is: a new appender takes the append.
+    chosen, version = append_or_fall_back(appender, path, batch(1, 200))
+    assert chosen is not appender and isinstance(chosen, LocalAppender)
+    assert version == 4 == DeltaTable(path).version()
 
 
 def test_features_delta_rs_cannot_write_refuse_the_table_by_name() -> None:
@@ -153,14 +159,49 @@ def test_features_delta_rs_cannot_write_refuse_the_table_by_name() -> None:
     )
 
 
-def test_a_refused_table_answers_at_once_and_is_judged_again(tmp_path: Path) -> None:
-    path = str(tmp_path / "t")
-    open_or_create(path, TOPIC_SCHEMA)
-    refused = RefusedAppender(path, "inCommitTimestamp")
-    with pytest.raises(Exception, match="inCommitTimestamp"):
-        refused.append(batch(1, 0))
-    assert DeltaTable(path).version() == 0  # nothing written
-    assert isinstance(appender_for(path), LocalAppender)
+def _protocol(path: str, version: int, writer_features: list[str]) -> None:
+    """Commit ``version`` as another engine changing the table's protocol would."""
+    protocol: dict[str, object] = {"minReaderVersion": 1, "minWriterVersion": 2}
+    if writer_features:
+        protocol = {"minReaderVersion": 1, "minWriterVersion": 7, "writerFeatures": writer_features}
+    entry = [
+        {"commitInfo": {"timestamp": 1, "operation": "SET TBLPROPERTIES"}},
+        {"protocol": protocol},
+    ]
+    with open(f"{path}/_delta_log/{version:020d}.json", "x") as f:
+        f.write("".join(json.dumps(a) + "\n" for a in entry))
+
+
+def test_a_refused_table_answers_at_once_and_is_judged_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another engine gives the table a feature delta-rs cannot write: the writer's next
+    commit is refused naming it, the ones after it at once without touching the table, and
+    once the table is judged again (every REJUDGE_REFUSED_S) without it, appends go on."""
+    path, _ = topic(tmp_path, 1)
+    results = Results()
+    writer = TopicWriter(path, results, commit_max_bytes=1 << 20)
+    writer.submit_publish([b"a"], now_us(), None, "a")
+    results.wait(1)
+    assert results.done["a"] is None and DeltaTable(path).version() == 2
+    _protocol(path, 3, ["inCommitTimestamp"])
+    for n, token in enumerate(("b", "c"), start=2):
+        writer.submit_publish([token.encode()], now_us(), None, token)
+        results.wait(n)
+        assert isinstance(results.done[token], TableRefusedError), results.done[token]
+        assert "inCommitTimestamp" in str(results.done[token])
+    assert DeltaTable(path).version() == 3  # nothing written
+    assert writer.refusal() is not None  # judged again only REJUDGE_REFUSED_S later
+    _protocol(path, 4, [])  # the feature dropped again
+    assert writer.refusal() is not None
+    monkeypatch.setattr(group_commit, "REJUDGE_REFUSED_S", 0.0)
+    assert writer.refusal() is None
+    writer.submit_publish([b"d"], now_us(), None, "d")
+    results.wait(4)
+    writer.close()
+    assert results.done["d"] is None and DeltaTable(path).version() == 5
+    bodies = DeltaTable(path).to_pyarrow_table(columns=["body"])["body"].to_pylist()
+    assert b"a" in bodies and b"d" in bodies and b"b" not in bodies and b"c" not in bodies
 
 
 # -- the tailer tells rewrites from appends --------------------------------------------------
@@ -207,7 +248,8 @@ def test_a_rewrite_of_read_and_unread_files_reads_only_the_unread_survivors(
     assert files and all(f.exclude_ids_of for f in files)
     got = read_ids([(f.path, None, f.version, f.exclude_ids_of) for f in files])
     assert got == third[1:]
-    assert second  # untouched, read before
+    # Version 2's file, read before and untouched by the DELETE, is not read again.
+    assert second and all(f.version != 2 for f in files)
 
 
 def test_a_deletion_vector_stops_the_reader_right_before_it(tmp_path: Path) -> None:

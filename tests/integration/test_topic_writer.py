@@ -596,12 +596,15 @@ def test_publishes_decoded_when_checked_and_others_share_one_commits_columns_in_
     schema = parse_schema("n BIGINT, s STRING")
     writer = TopicWriter(path, results, commit_max_bytes=1 << 20, schema_of=lambda: schema)
     publishes = [[b'{"n": %d, "s": "%d"}' % (i * 10 + j, i) for j in range(3)] for i in range(6)]
-    with writer.exclusive():  # every publish waits for the same commit
-        for i, bodies in enumerate(publishes):
-            typed = (schema, schema.rows(bodies)) if i % 2 else None
-            writer.submit_publish(bodies, now_us(), None, i, typed=typed)
-    results.wait(6)
+    # Every publish waits for the same commit: the first drain lingers a minute, and closing
+    # the writer drains what is pending at once, in one commit.
+    writer.linger = lambda idle: 60.0
+    for i, bodies in enumerate(publishes):
+        typed = (schema, schema.rows(bodies)) if i % 2 else None
+        writer.submit_publish(bodies, now_us(), None, i, typed=typed)
+    assert results.done == {}
     writer.close()
+    results.wait(6)
     assert writer.stats().commits == 1
     table = DeltaTable(path).to_pyarrow_table().sort_by("id")
     want = [(i * 10 + j, str(i)) for i in range(6) for j in range(3)]

@@ -439,14 +439,20 @@ def test_another_engine_maintains_a_topic_while_deltaq_publishes_and_consumes(
     topic = Warehouse(str(wh)).topic_path("t")
 
     def ids_of(*bodies: bytes) -> list[str]:
-        # Acknowledged means journaled: the row reaches the table a topic commit later.
+        # Acknowledged means journaled: the row reaches the table a topic commit later. The
+        # table is read again only once a newer version is in its log.
         deadline = time.monotonic() + 30
+        log = Path(topic) / "_delta_log"
         while True:
-            table = DeltaTable(topic).to_pyarrow_table(columns=["id", "body"]).to_pylist()
+            dt = DeltaTable(topic)
+            table = dt.to_pyarrow_table(columns=["id", "body"]).to_pylist()
             found = [r["id"] for r in table if r["body"] in bodies]
             if len(found) >= len(bodies) or time.monotonic() > deadline:
                 return found
-            time.sleep(0.05)
+            while not (log / f"{dt.version() + 1:020d}.json").exists():
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
 
     def sql(statement: str) -> None:
         delta.sql(statement).collect()

@@ -52,7 +52,11 @@ def test_auth_server_answer_as_nsqd_reads_it() -> None:
             {"topic": "metrics", "channels": ["^c$"], "permissions": ["subscribe"]},
         ],
     }
-    identity = identity_from_auth_server(answer, time.monotonic())
+    now = time.monotonic()
+    identity = identity_from_auth_server(answer, now)
+    # nsqd reads the TTL in seconds: the identity holds for 60 s from the answer, no longer.
+    assert identity.expires_at == now + 60
+    assert identity_from_auth_server(answer, now - 61).expired
     assert identity.allows(Role.PUBLISH, "orders_x", None)
     assert not identity.allows(Role.PUBLISH, "x_orders", None)  # anchored by the pattern
     assert identity.allows(Role.CONSUME, "app_metrics", "c")  # unanchored, as nsqd

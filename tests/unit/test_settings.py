@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -9,8 +11,15 @@ from queue_engine.settings import AckMode, Settings, load_settings
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_conf_default_toml_says_what_the_defaults_are() -> None:
+def test_conf_default_toml_says_what_the_defaults_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    # DELTAQ_* variables would apply to both sides and hide a difference.
+    for name in [n for n in os.environ if n.startswith("DELTAQ_")]:
+        monkeypatch.delenv(name)
     assert load_settings(str(ROOT / "conf" / "default.toml")) == Settings()
+    # And every setting is in the file: one it leaves out would take the same default on
+    # both sides above, and the file would no longer list them all.
+    listed = tomllib.loads((ROOT / "conf" / "default.toml").read_text())
+    assert set(listed) == set(Settings.model_fields)
 
 
 def test_nsqd_defaults() -> None:

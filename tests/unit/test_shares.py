@@ -67,11 +67,11 @@ def test_a_pinned_share_stays_where_an_admin_moved_it() -> None:
 def test_plans_never_let_two_live_nodes_hold_one_share(
     data: st.DataObject, lanes: set[int]
 ) -> None:
-    """Nodes join, die and plan in random order, each plan claimed only if nobody claimed
-    since it read (as put-if-absent claims are): at every step each share names at most one
-    holder, a share is only ever taken from a node that is not live, and once every live
-    node has planned twice in a quiet cluster every share is held by a live node, each live
-    node holding its own."""
+    """Nodes join, die and plan in random order, each plan made from the shares as they are
+    (a put-if-absent claim made after a newer one fails, and its node reads again): a share
+    is only ever taken from a node that is not live, and once every live node has planned
+    twice in a quiet cluster every share is held by a live node, each live node holding its
+    own."""
     generation = dict.fromkeys(lanes, 0)
     live = {lane: node(lane, "g0-") for lane in lanes}
     shares: dict[int, Holder] = {}
