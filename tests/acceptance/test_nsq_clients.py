@@ -21,14 +21,25 @@ def test_gnsq_http_client(shared_server: Server) -> None:
     assert client.multipublish("gnsq_topic", [b"bin\n1", b"bin\x002"], binary=True) == b"OK"
     client.create_topic("gnsq_other")
     client.create_channel("gnsq_topic", "workers")
+
+    def channel_paused() -> list[bool]:
+        [topic] = client.stats(topic="gnsq_topic")["topics"]
+        return [c["paused"] for c in topic["channels"]]
+
     client.pause_channel("gnsq_topic", "workers")
+    assert channel_paused() == [True]
     client.unpause_channel("gnsq_topic", "workers")
+    assert channel_paused() == [False]
     client.pause_topic("gnsq_other")
+    assert [t["paused"] for t in client.stats(topic="gnsq_other")["topics"]] == [True]
     client.unpause_topic("gnsq_other")
+    assert [t["paused"] for t in client.stats(topic="gnsq_other")["topics"]] == [False]
     client.empty_channel("gnsq_topic", "workers")
     client.delete_channel("gnsq_topic", "workers")
+    assert client.stats(topic="gnsq_topic")["topics"][0]["channels"] == []
     client.empty_topic("gnsq_other")
     client.delete_topic("gnsq_other")
+    assert "gnsq_other" not in {t["topic_name"] for t in client.stats()["topics"]}
     info = client.info()
     assert info["version"] == "1.3.0"
     stats = client.stats(topic="gnsq_topic")
@@ -59,4 +70,5 @@ def test_nsq_documented_curl_recipes(shared_server: Server) -> None:
     rows = shared_server.topic_table("curl_topic")["body"].to_pylist()
     assert sorted(rows) == sorted([b"<message>", b"<message>", b"msg1", b"msg2", b"msg3"])
     topics = httpx.get(f"{url}/stats?format=json").json()["topics"]
-    assert any(t["topic_name"] == "curl_made" and t["channels"] for t in topics)
+    [made] = [t for t in topics if t["topic_name"] == "curl_made"]
+    assert [c["channel_name"] for c in made["channels"]] == ["ch"]
