@@ -322,11 +322,34 @@ def test_channel_deleted_and_recreated_while_streaming(
         c.close()
 
 
-def _fanout_process(warehouse: Path, *extra: str) -> subprocess.Popen[bytes]:
+# ``python -m jobs.fanout`` as a user runs it, but its first append of rows to channel y
+# writes the file argv[1] names and waits to be killed: a SIGKILL then lands in a batch whose
+# other channels may have committed and y has not. Everything else is the real run.
+STOPPED_FANOUT = """
+import runpy, sys, time
+from queue_engine.spark.fanout_stream import ChannelSinks
+marker, append = sys.argv[1], ChannelSinks.append
+def stopped(self, topic, channel, rows, *args, **kwargs):
+    if channel.name == "y" and rows.num_rows:
+        open(marker, "w").close()
+        time.sleep(3600)
+    return append(self, topic, channel, rows, *args, **kwargs)
+ChannelSinks.append = stopped
+sys.argv = ["fanout", *sys.argv[2:]]
+runpy.run_module("jobs.fanout", run_name="__main__")
+"""
+
+
+def _fanout_process(
+    warehouse: Path, *extra: str, stopped_at: Path | None = None
+) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log = open(warehouse.parent / "fanout.log", "ab")  # noqa: SIM115 - owned by the child
+    command = [sys.executable, "-m", "jobs.fanout"]
+    if stopped_at is not None:
+        command = [sys.executable, "-c", STOPPED_FANOUT, str(stopped_at)]
     return subprocess.Popen(
-        [sys.executable, "-m", "jobs.fanout", "--warehouse", str(warehouse), *extra],
+        [*command, "--warehouse", str(warehouse), *extra],
         cwd=ROOT,
         env=env,
         stdout=log,
@@ -372,24 +395,31 @@ def test_fanout_killed_mid_stream_then_restarted_is_exactly_once(
             n += 25
             time.sleep(0.02)
 
-    fanout = _fanout_process(wh)
+    stopped_at = tmp_path / "stopped"
+    fanout = _fanout_process(wh, stopped_at=stopped_at)
     publisher = threading.Thread(target=publish)
     publisher.start()
+    # Killed in a batch: channel y's append reached (and held), channel x's committed.
     deadline = time.monotonic() + 120
-    while not channel_bodies(wh, "t", "x") and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert channel_bodies(wh, "t", "x"), (wh.parent / "fanout.log").read_text()[-3000:]
+    while not (stopped_at.exists() and channel_bodies(wh, "t", "x")):
+        assert fanout.poll() is None, (wh.parent / "fanout.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, (wh.parent / "fanout.log").read_text()[-3000:]
+        time.sleep(0.05)
     os.killpg(fanout.pid, signal.SIGKILL)
     fanout.wait(30)
+    assert len(channel_bodies(wh, "t", "y")) < len(channel_bodies(wh, "t", "x"))
     publisher.join(60)
     stop.set()
+    assert len(published) == 400
+    server.topic_table("t")  # every acknowledged publish committed to the topic
 
     rerun = _fanout_process(wh, "--once")
     assert rerun.wait(300) == 0, (wh.parent / "fanout.log").read_text()[-3000:]
-    # A one-shot run ends with its progress line.
-    assert re.search(
-        r"fanout: done, \d+ batches, [\d,]+ messages", (wh.parent / "fanout.log").read_text()
+    # A one-shot run ends with its progress line: it moved the rest.
+    done = re.search(
+        r"fanout: done, \d+ batches, ([\d,]+) messages", (wh.parent / "fanout.log").read_text()
     )
+    assert done and int(done.group(1).replace(",", "")) > 0
     for ch in ("x", "y"):
         counts = Counter(channel_bodies(wh, "t", ch))
         assert set(counts) == set(published)
