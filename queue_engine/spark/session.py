@@ -367,6 +367,8 @@ def jvm_log_path(log_dir: str | None = None) -> str:
     removing the logs there beyond the newest JVM_LOGS_KEPT, but for running processes'."""
     import tempfile
 
+    import psutil
+
     log_dir = log_dir or os.path.join(tempfile.gettempdir(), "deltaq-spark")
     os.makedirs(log_dir, exist_ok=True)
     logs: list[tuple[float, str, str]] = []
@@ -376,21 +378,11 @@ def jvm_log_path(log_dir: str | None = None) -> str:
                 logs.append((entry.stat().st_mtime, entry.path, entry.name[4:-4]))
     logs.sort(reverse=True)
     for _, path, pid in logs[JVM_LOGS_KEPT:]:
-        if pid.isdigit() and _running(int(pid)):
+        if pid.isdigit() and psutil.pid_exists(int(pid)):
             continue
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
     return os.path.join(log_dir, f"jvm-{os.getpid()}.log")
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's
-    return True
 
 
 def _with_jvm_stderr_to_file(builder: SparkSession.Builder) -> SparkSession:

@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 
 from queue_engine.spark.fanout_stream import start_fanout
 from queue_engine.store.tables import Warehouse
+from tests.acceptance.test_metrics import scrape
 from tests.conftest import HOST, Server, free_port
 from tests.nsq_wire import Nsqd, tool
 
@@ -212,14 +213,16 @@ def test_an_nsq_consumer_given_lookupd_gets_one_channel_from_every_node(
         # Each node served its own share of the channel: the 10 messages published to it,
         # FIN'd there but for the last message of all, whose FIN nsq_tail never sends (it
         # exits in the handler of its -n'th message).
+        labels = (("channel", "tail"), ("topic", "hot"))
+
         def finished(node: Server) -> float:
             stats = httpx.get(f"{node.url}/stats", params={"format": "json", "topic": "hot"})
             [channel] = stats.json()["topics"][0]["channels"]
             lane = httpx.get(f"{node.url}/info").json()["node"]["lane"]
             assert lane in channel["lanes"], channel["lanes"]
-            metric = 'deltaq_channel_finished_total{channel="tail",topic="hot"} '
-            lines = httpx.get(f"{node.url}/metrics").text.splitlines()
-            return sum(float(x.removeprefix(metric)) for x in lines if x.startswith(metric))
+            with httpx.Client(base_url=node.url, timeout=10) as c:
+                samples = scrape(c)
+            return samples.get(("deltaq_channel_finished_total", labels), 0.0)
 
         eventually(lambda: sorted(finished(node) for node in nodes) == [9, 10])
     finally:
