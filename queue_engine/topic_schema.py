@@ -142,6 +142,11 @@ class TopicSchema:
         """Each field's value of a decoded row (attributes ``f0``, ``f1``, ...)."""
         return tuple(operator.attrgetter(f"f{i}") for i in range(len(self.fields)))
 
+    def check(self, bodies: Sequence[bytes]) -> None:
+        """INVALID_BODY unless every one of ``bodies`` fits: ``rows`` without keeping them
+        (the commit makes its columns from the bodies, queue_engine.json_columns)."""
+        self._decode(bodies)
+
     def rows(self, bodies: Sequence[bytes]) -> list[Any]:
         """``bodies`` decoded, which must fit (INVALID_BODY names the first that does not:
         its line, counted from 1 where there are several, its field and why): what ``arrays``

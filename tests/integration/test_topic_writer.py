@@ -16,6 +16,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.json_columns import MIN_ROWS
 from queue_engine.store.delta import (
     DeltaRsAppender,
     LocalAppender,
@@ -586,26 +587,30 @@ def test_typed_columns_and_a_column_left_by_a_schema_never_recorded(
     ]
 
 
-def test_publishes_decoded_when_checked_and_others_share_one_commits_columns_in_order(
-    tmp_path: Path,
+@pytest.mark.parametrize("rows_each", [3, 100])
+def test_publishes_checked_and_others_share_one_commits_columns_in_order(
+    tmp_path: Path, rows_each: int
 ) -> None:
-    """A commit's columns come from each publish's rows decoded at publishing where it has
-    them, decoded at commit where not (a recovered journal's, a replay's), in row order."""
+    """A commit's columns, in row order, whether every publish was checked against the
+    schema (Arrow's JSON reader converts them: 600 rows) or only some were (a recovered
+    journal's, a replay's: all converted by msgspec)."""
     results = Results()
     path = str(tmp_path / "t")
     schema = parse_schema("n BIGINT, s STRING")
     writer = TopicWriter(path, results, commit_max_bytes=1 << 20, schema_of=lambda: schema)
-    publishes = [[b'{"n": %d, "s": "%d"}' % (i * 10 + j, i) for j in range(3)] for i in range(6)]
+    publishes = [
+        [b'{"n": %d, "s": "%d"}' % (i * 1000 + j, i) for j in range(rows_each)] for i in range(6)
+    ]
     # Every publish waits for the same commit: the first drain lingers a minute, and closing
     # the writer drains what is pending at once, in one commit.
     writer.linger = lambda idle: 60.0
     for i, bodies in enumerate(publishes):
-        typed = (schema, schema.rows(bodies)) if i % 2 else None
-        writer.submit_publish(bodies, now_us(), None, i, typed=typed)
+        checked = schema if i % 2 or rows_each >= MIN_ROWS / 6 else None
+        writer.submit_publish(bodies, now_us(), None, i, checked=checked)
     assert results.done == {}
     writer.close()
     results.wait(6)
     assert writer.stats().commits == 1
     table = DeltaTable(path).to_pyarrow_table().sort_by("id")
-    want = [(i * 10 + j, str(i)) for i in range(6) for j in range(3)]
+    want = [(i * 1000 + j, str(i)) for i in range(6) for j in range(rows_each)]
     assert list(zip(table["n"].to_pylist(), table["s"].to_pylist(), strict=True)) == want

@@ -14,6 +14,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from queue_engine.errors import ErrorCode, QueueError
+from queue_engine.json_columns import checked_columns
 from queue_engine.topic_schema import RESERVED, TopicSchema, evolve, parse_schema
 
 TYPES = ("STRING", "BOOLEAN", "INT", "BIGINT", "DOUBLE", "DATE", "TIMESTAMP")
@@ -182,9 +183,17 @@ def test_bodies_are_taken_exactly_when_they_fit_and_convert_to_their_values(
         if not fits and first_unfit is None:
             first_unfit = line
     if first_unfit is None:
+        schema.check(bodies)
         got = [c.to_pylist() for c in schema.arrays(schema.rows(bodies))]
         assert got == columns
+        # What a commit of bodies that were checked converts them with: the same values, or
+        # None where the reader refuses them (the writer then converts with msgspec).
+        by_reader = checked_columns(schema, bodies, min_rows=1)
+        assert by_reader is None or [c.to_pylist() for c in by_reader] == columns
         return
+    with pytest.raises(QueueError) as checked:
+        schema.check(bodies)
+    assert checked.value.code is ErrorCode.INVALID_BODY
     with pytest.raises(QueueError) as refused:
         schema.rows(bodies)
     assert refused.value.code is ErrorCode.INVALID_BODY

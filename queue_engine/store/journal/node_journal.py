@@ -196,10 +196,10 @@ class Journal:
         expires_at_us: int | None,
         token: Any,
         headers: list[Headers | None] | None = None,
-        typed: Any = None,
+        checked: Any = None,
     ) -> None:
         """Queue a publish for the next write; ``token`` comes back through ``on_durable``;
-        ``typed``: handed on with the record, never written."""
+        ``checked``: handed on with the record, never written."""
         with self._cond:
             if self._closed:
                 raise JournalClosedError(self.path)
@@ -212,7 +212,7 @@ class Journal:
                 expires_at_us,
                 bodies,
                 headers,
-                typed,
+                checked,
             )
             self._pending.append((record, encode(record), token))
             self._cond.notify()

@@ -45,9 +45,9 @@ class Record:
     bodies: list[bytes]
     # One entry per body (None: no message of the publish has headers).
     headers: list[Headers | None] | None = None
-    # A typed topic's columns of the bodies, converted when they were published (in memory
-    # only: the journal's frames hold the bodies, from which a recovery converts again).
-    typed: Any = field(default=None, compare=False)
+    # The typed topic's schema the bodies fitted when published (in memory only: a recovery
+    # converts the bodies of its frames leniently, as taken before the schema).
+    checked: Any = field(default=None, compare=False)
 
     @property
     def nbytes(self) -> int:

@@ -21,6 +21,7 @@ from deltalake.transaction import Transaction
 
 from queue_engine.errors import ErrorCode, QueueError
 from queue_engine.headers import Headers, headers_bytes
+from queue_engine.json_columns import checked_columns
 from queue_engine.message import LANES, IdAllocator, id_from_hex
 from queue_engine.metrics import TOPIC_COMMIT_SECONDS
 from queue_engine.store.delta.append import DeltaRsAppender
@@ -50,9 +51,9 @@ class _Publish:
     position: int | None = None
     # One entry per body (None: no message of the publish has headers).
     headers: list[Headers | None] | None = None
-    # The typed topic's schema and the bodies decoded when they were checked (None: decoded
-    # at commit).
-    typed: tuple[TopicSchema, list[Any]] | None = None
+    # The typed topic's schema the bodies fitted when published (None: not checked, as a
+    # recovered journal's or a replay's: converted leniently at commit).
+    checked: TopicSchema | None = None
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ class TopicWriter(GroupCommitter[_Publish]):
         expires_at_us: int | None = None,
         position: int | None = None,
         headers: list[Headers | None] | None = None,
-        typed: tuple[TopicSchema, list[Any]] | None = None,
+        checked: TopicSchema | None = None,
     ) -> None:
         """Queue messages for the next commit; ``token`` comes back through ``notify``."""
         # Headers count: a commit's size and the backlog's bound are what it writes.
@@ -148,7 +149,7 @@ class TopicWriter(GroupCommitter[_Publish]):
                     expires_at_us,
                     position,
                     headers,
-                    typed,
+                    checked,
                 ),
                 nbytes,
                 token,
@@ -310,25 +311,21 @@ class TopicWriter(GroupCommitter[_Publish]):
             self._evolved = schema
 
     def _typed(self, table: pa.Table, batch: list[_Publish] | None = None) -> pa.Table:
-        """``table`` with the typed columns of the topic's schema: those its publishes
-        (``batch``, in order) were checked with, the others converted from their bodies (a
-        value that does not fit, possible only for a field declared after its message was
-        taken, reads null); the table gains the columns first. With the commit lock held."""
+        """``table`` with the typed columns of the topic's schema, converted from the bodies
+        of its publishes (``batch``, in order): by Arrow's JSON reader where every publish
+        fitted this schema when it was checked, else leniently (a value that does not fit,
+        possible only for a field declared after its message was taken, reads null); the
+        table gains the columns first. With the commit lock held."""
         schema = self._schema_of()
         if schema is not None:
             self._evolve(schema)
-            if batch is None:
+            columns = None
+            if batch is not None and all(p.checked == schema for p in batch):
+                columns = checked_columns(
+                    schema, list(itertools.chain.from_iterable(p.bodies for p in batch))
+                )
+            if columns is None:
                 columns = schema.lenient_columns(table["body"].to_pylist())
-            else:
-                # Each publish's rows decoded when it was checked with this schema, the others'
-                # decoded now; the columns of the whole commit made at once.
-                rows: list[Any] = []
-                for p in batch:
-                    if p.typed is not None and p.typed[0] == schema:
-                        rows.extend(p.typed[1])
-                    else:
-                        rows.extend(schema.lenient_rows(p.bodies))
-                columns = schema.arrays(rows)
             for field, column in zip(schema.arrow_fields, columns, strict=True):
                 table = table.append_column(field, column)
         if len(self._columns) > table.num_columns:
