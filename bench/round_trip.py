@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import psutil
 
@@ -60,12 +61,11 @@ def _connect(port: int) -> socket.socket:
     return sock
 
 
-def _read_ok(sock: socket.socket) -> None:
+def _read_ok(sock: socket.socket, reader: BinaryIO) -> None:
     """Read one frame, which must be ``OK`` (heartbeats answered on the way)."""
     while True:
-        head = _read_exactly(sock, 8)
-        size, kind = struct.unpack(">ii", head)
-        data = _read_exactly(sock, size - 4)
+        size, kind = struct.unpack(">ii", reader.read(8))
+        data = reader.read(size - 4)
         if data == b"_heartbeat_":
             sock.sendall(b"NOP\n")
             continue
@@ -73,24 +73,15 @@ def _read_ok(sock: socket.socket) -> None:
         return
 
 
-def _read_exactly(sock: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        if not chunk:
-            raise ConnectionError("closed")
-        out += chunk
-    return out
-
-
 def _trips(sock: socket.socket, seconds: float) -> list[float]:
     command = f"PUB {TOPIC}\n".encode() + struct.pack(">i", len(BODY)) + BODY
+    reader = sock.makefile("rb")
     out = []
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         started = time.perf_counter_ns()
         sock.sendall(command)
-        _read_ok(sock)
+        _read_ok(sock, reader)
         out.append((time.perf_counter_ns() - started) / 1000)
     return out
 
