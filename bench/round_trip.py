@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import re
 import shutil
 import signal
@@ -52,6 +53,8 @@ class Trips:
     seconds: float = 0.0
     # thread name -> syscall -> (calls, total ms)
     syscalls: dict[str, dict[str, tuple[int, float]]] = field(default_factory=dict)
+    # thread name -> CPU seconds (user + system) over the round trips
+    thread_cpu_s: dict[str, float] = field(default_factory=dict)
 
 
 def _connect(port: int) -> socket.socket:
@@ -83,6 +86,17 @@ def _trips(sock: socket.socket, seconds: float) -> list[float]:
         sock.sendall(command)
         _read_ok(sock, reader)
         out.append((time.perf_counter_ns() - started) / 1000)
+    return out
+
+
+def _threads_cpu(pid: int) -> dict[int, float]:
+    """Each thread of ``pid``: CPU seconds so far (user + system, from /proc)."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            out[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
     return out
 
 
@@ -158,16 +172,23 @@ def measure(pid: int, tcp_port: int, seconds: float, trace: bool) -> Trips:
     sock = _connect(tcp_port)
     try:
         _trips(sock, 1.0)
-        names = _thread_names(pid) if trace else {}
+        names = _thread_names(pid)
         with _traced(pid, seconds, trace) as summary:
             before = server.cpu_times()
+            threads_before = _threads_cpu(pid)
             started = time.monotonic()
             rtt = _trips(sock, seconds)
             elapsed = time.monotonic() - started
             after = server.cpu_times()
+            threads_after = _threads_cpu(pid)
     finally:
         sock.close()
     trips = Trips(rtt, (after.user + after.system) - (before.user + before.system), elapsed)
+    for tid, cpu in threads_after.items():
+        used = cpu - threads_before.get(tid, 0.0)
+        if used > 0:
+            name = names.get(tid, str(tid))
+            trips.thread_cpu_s[name] = trips.thread_cpu_s.get(name, 0.0) + used
     if summary:
         trips.syscalls = _parse_summary(summary[0], names)
     return trips
@@ -185,6 +206,11 @@ def report(name: str, trips: Trips) -> None:
         f"p90 {_pct(trips.rtt_us, 0.9):.0f} us, p99 {_pct(trips.rtt_us, 0.99):.0f} us; "
         f"the server's CPU {trips.cpu_s / n * 1e6:.0f} us a round trip",
         flush=True,
+    )
+    busy = sorted(trips.thread_cpu_s.items(), key=lambda kv: -kv[1])
+    print(
+        "  CPU a round trip by thread: "
+        + ", ".join(f"{name} {cpu / n * 1e6:.0f} us" for name, cpu in busy if cpu / n >= 1e-6)
     )
     if not trips.syscalls:
         return
