@@ -207,8 +207,9 @@ class Settings(BaseSettings):
     # many busy topics each waits longer (active topics / this, in seconds) and carries more.
     # Each commit costs the same ~2 ms of the node's CPU and two new files however few messages
     # it carries; on two cores publishing to 1,000 busy topics at random went from 0.44x to
-    # 0.60x of one topic's rate (and its p99 from ~15 to ~5 ms) between 250 and 100.
-    drain_max_commits_per_s: int = Field(default=100, ge=1)
+    # 0.60x of one topic's rate (and its p99 from ~15 to ~5 ms) between 250 and 100, and
+    # under deltaq up from 0.31-0.44x at 100 to 0.59-0.87x at 50 (docs/design.md).
+    drain_max_commits_per_s: int = Field(default=50, ge=1)
     # With ack = "journal" on local disk: a journal segment file is closed past this size, and
     # deleted once every publish in it is in its topic's table.
     journal_segment_bytes: int = Field(default=16 * 1024 * 1024, ge=4096)
