@@ -28,8 +28,11 @@ from queue_engine.topic_schema import TopicSchema
 
 # Below this many rows msgspec is cheaper: the reader costs ~0.4 ms a call however few.
 MIN_ROWS = 256
-# The reader's block holds the whole text, and a block's size is a 32-bit integer.
-_MAX_BYTES = 2**31 - 2
+# The text is read in blocks of at most this many bytes, one chunk of the columns each: a
+# commit may carry 64 MiB of bodies (commit_max_bytes), and the reader's buffers for one
+# block of it are a few times its size. A body longer than a block (over max_msg_size) makes
+# the reader refuse, and msgspec converts that commit.
+BLOCK_BYTES = 8 << 20
 # Text the reader reads as strings, cast after: it parses no date, and a timestamp's zone
 # offset only through the cast.
 _AS_TEXT = frozenset({"DATE", "TIMESTAMP"})
@@ -51,12 +54,12 @@ def checked_columns(
     if len(bodies) < min_rows or not bodies:
         return None
     data = b"\n".join(bodies)
-    if len(data) > _MAX_BYTES:
-        return None
     try:
         table = pa_json.read_json(
             pa.BufferReader(data),
-            read_options=pa_json.ReadOptions(use_threads=False, block_size=len(data) + 1),
+            read_options=pa_json.ReadOptions(
+                use_threads=False, block_size=min(len(data) + 1, BLOCK_BYTES)
+            ),
             parse_options=pa_json.ParseOptions(
                 explicit_schema=_read_schema(schema),
                 newlines_in_values=data.count(b"\n") != len(bodies) - 1,

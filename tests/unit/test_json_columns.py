@@ -9,6 +9,7 @@ import random
 import pyarrow as pa
 import pytest
 
+from queue_engine import json_columns
 from queue_engine.json_columns import MIN_ROWS, checked_columns
 from queue_engine.topic_schema import TopicSchema, parse_schema
 
@@ -87,3 +88,16 @@ def test_a_commit_of_few_rows_is_left_to_msgspec() -> None:
     columns = checked_columns(SCHEMA, [*bodies, b'{"sku": "b"}'])
     assert columns is not None
     assert columns[0] == pa.array(["a"] * (MIN_ROWS - 1) + ["b"])
+
+
+def test_a_commit_longer_than_a_block_is_read_in_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks end between rows, pretty-printed bodies included; a body longer than a block
+    is left to msgspec."""
+    rnd = random.Random(11)
+    bodies = [_body(rnd) for _ in range(MIN_ROWS)]
+    monkeypatch.setattr(json_columns, "BLOCK_BYTES", 2048)
+    got = checked_columns(SCHEMA, bodies)
+    assert got is not None
+    assert [c.to_pylist() for c in got] == _msgspec_columns(SCHEMA, bodies)
+    long = b'{"sku": "%s"}' % (b"y" * 4096)
+    assert checked_columns(SCHEMA, [*bodies, long]) is None
