@@ -101,19 +101,24 @@ def _threads_cpu(pid: int) -> dict[int, float]:
 
 
 def _thread_names(pid: int) -> dict[int, str]:
-    """OS thread id -> its Python thread's name (py-spy), where py-spy is there."""
+    """OS thread id -> its Python thread's name (py-spy), where py-spy is there. A dump can
+    fail while the process changes its threads: tried a few times."""
     spy = shutil.which("py-spy")
     if spy is None:
         return {}
-    with contextlib.suppress(subprocess.SubprocessError, OSError):
-        dump = subprocess.run(
-            [spy, "dump", "--pid", str(pid), "--nonblocking"],
-            capture_output=True,
-            check=False,
-            text=True,
-            timeout=30,
-        ).stdout
-        return {int(t): n for t, n in re.findall(r"Thread (\d+) \(\w+\): \"([^\"]+)\"", dump)}
+    for _ in range(3):
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            dump = subprocess.run(
+                [spy, "dump", "--pid", str(pid), "--nonblocking"],
+                capture_output=True,
+                check=False,
+                text=True,
+                timeout=30,
+            ).stdout
+            names = {int(t): n for t, n in re.findall(r"Thread (\d+) \(\w+\): \"([^\"]+)\"", dump)}
+            if names:
+                return names
+        time.sleep(0.5)
     return {}
 
 
