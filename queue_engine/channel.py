@@ -136,6 +136,7 @@ class ChannelRuntime:
         is_paused: Callable[[], bool],
         notify: Callable[[list[object], BaseException | None], None],
         on_waiting: Callable[[ChannelRuntime], None] | None = None,
+        on_leased: Callable[[ChannelRuntime], None] | None = None,
         lanes: frozenset[int] | None = None,
         schema_of: Callable[[], TopicSchema | None] = lambda: None,
     ) -> None:
@@ -163,6 +164,7 @@ class ChannelRuntime:
         self._notify = notify
         # Told when a consumer starts waiting here: the broker then ticks this channel often.
         self._on_waiting = on_waiting
+        self._on_leased = on_leased
         self.max_attempts = max_attempts
         self.ttl_ms = ttl_ms
         self.expired_dead = expired_dead
@@ -339,6 +341,8 @@ class ChannelRuntime:
                 if deliveries:
                     client.delivered += len(deliveries)
                     client.last_seen = time.monotonic()
+                    if self._on_leased is not None:
+                        self._on_leased(self)
                     return deliveries
             remaining = deadline - loop.time()
             if remaining <= 0:

@@ -173,6 +173,7 @@ class Channels:
             is_paused=lambda: self._paused(topic, channel),
             notify=self._acks.committed,
             on_waiting=self._waiting,
+            on_leased=self.pump.leased,
             lanes=lanes,
             schema_of=functools.partial(self._topics.schema, topic),
         )

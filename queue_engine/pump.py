@@ -75,6 +75,21 @@ class Pump:
     def forget(self, runtime: ChannelRuntime) -> None:
         self._next_due.pop(runtime, None)
 
+    def leased(self, runtime: ChannelRuntime) -> None:
+        """Leases were just granted on ``runtime``: tick it within BUSY_TICK_S. It may have
+        been due only every QUIET_TICK_S (it had none when last ticked, and a SUB answered at
+        once never makes it hot), and its leases must time out when they end, not up to a
+        minute later."""
+        self._soon(runtime, BUSY_TICK_S)
+
+    def _soon(self, runtime: ChannelRuntime, after_s: float) -> None:
+        """Bring ``runtime``'s next tick forward to ``after_s`` from now, if it is due later
+        (a channel closed and forgotten stays so)."""
+        due = self._next_due.get(runtime)
+        if due is not None and due > time.monotonic() + after_s:
+            self._due(runtime, after_s)
+            self._heated.set()
+
     def heat(self, runtime: ChannelRuntime) -> None:
         """A consumer waits on ``runtime``: tick it every PUMP_INTERVAL_S from now."""
         if runtime not in self._hot:
@@ -147,6 +162,8 @@ class Pump:
                 await self._tick(runtime)
                 if not runtime.waiting:
                     self._hot.discard(runtime)
+                    # Back to its own pace, from a due time set before it turned hot.
+                    self._soon(runtime, self._tick_interval(runtime))
             now = time.monotonic()
             while self._schedule and self._schedule[0][0] <= now:
                 at, _, runtime = heapq.heappop(self._schedule)

@@ -184,6 +184,27 @@ def test_touch_keeps_a_lease_past_its_first_timeout_and_expired_leases_come_back
     assert stats["timeout_count"] == 1 and stats["in_flight_count"] == 0
 
 
+def test_a_lease_from_a_sub_answered_at_once_times_out_when_it_ends(http: httpx.Client) -> None:
+    """A channel with nothing in flight is ticked only every minute (queue_engine/pump.py); a
+    SUB answered from ready messages (no wait, so the channel never turned hot) must bring
+    its next tick forward, or its lease would time out up to a minute late."""
+    create_channel(http, "quiet", "c")
+    assert http.post("/pub", params={"topic": "quiet"}, content=b"q").text == "OK"
+    wait_until(lambda: channel_stats(http, "quiet", "c")["depth"] == 1, "the fanout")
+    # The fanout's notices stop; the channel's last tick found nothing leased.
+    time.sleep(1.0)
+    [leased] = sub(http, "quiet", "c", msg_timeout_ms=1000)
+    assert channel_stats(http, "quiet", "c")["in_flight_count"] == 1
+    wait_until(
+        lambda: channel_stats(http, "quiet", "c")["timeout_count"] == 1,
+        "the 1 s lease to time out within 5 s",
+        timeout_s=5,
+    )
+    [again] = sub(http, "quiet", "c", msg_timeout_ms=30000)
+    assert again["id"] == leased["id"] and again["attempts"] == 2
+    assert answer(http, "fin", "quiet", "c", again).text == "OK"
+
+
 def test_a_paused_channel_delivers_nothing_until_unpaused(http: httpx.Client) -> None:
     create_channel(http, "pz", "c")
     assert http.post("/channel/pause", params={"topic": "pz", "channel": "c"}).is_success
