@@ -36,7 +36,8 @@ from typing import BinaryIO
 
 import psutil
 
-from bench.procs import HOST, api_process, free_port, nsqd_process, post, stop
+from bench import tcp
+from bench.procs import api_process, free_port, nsqd_process, post, stop
 from bench.up import settle, stop_up, up_process
 
 BODY = b"x" * 200
@@ -55,13 +56,6 @@ class Trips:
     syscalls: dict[str, dict[str, tuple[int, float]]] = field(default_factory=dict)
     # thread name -> CPU seconds (user + system) over the round trips
     thread_cpu_s: dict[str, float] = field(default_factory=dict)
-
-
-def _connect(port: int) -> socket.socket:
-    sock = socket.create_connection((HOST, port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.sendall(b"  V2")
-    return sock
 
 
 def _read_ok(sock: socket.socket, reader: BinaryIO) -> None:
@@ -174,7 +168,7 @@ def measure(pid: int, tcp_port: int, seconds: float, trace: bool) -> Trips:
     """Round trips from one connection for ``seconds`` (after 1 s of warm-up), and what
     process ``pid`` did meanwhile."""
     server = psutil.Process(pid)
-    sock = _connect(tcp_port)
+    sock = tcp._connect(tcp_port)
     try:
         _trips(sock, 1.0)
         names = _thread_names(pid)
